@@ -1,0 +1,24 @@
+"""memlib: GPU memory estimates (pure Python) and measurements (PyTorch) for The GPU Memory Book."""
+from __future__ import annotations
+
+from .categories import MemCategory
+from .configs import ModelConfig, load_config, shipped_models
+from .dtypes import GB, GiB, dtype_bytes, format_bytes, parse_size
+from .errors import MemlibError
+from .params import ParamCount, count_params
+
+__all__ = [
+    "GB",
+    "GiB",
+    "MemCategory",
+    "MemlibError",
+    "ModelConfig",
+    "ParamCount",
+    "count_params",
+    "dtype_bytes",
+    "format_bytes",
+    "load_config",
+    "parse_size",
+    "shipped_models",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,208 @@
+"""Model configurations: read a Hugging Face ``config.json`` (or a shipped one) into a typed ModelConfig (Chapter 1)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import MemlibError
+
+__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config"]
+
+#: model_type values memlib understands, and the transformers class each one builds.
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+}
+
+_GATED_ACTS = {"silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture facts memory depends on, normalized across model families.
+
+    Introduced in Chapter 1. Build one with :func:`load_config`.
+
+    Attributes:
+        name: shipped name or file stem.
+        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma).
+        hidden_size: model width h.
+        num_layers: number of transformer blocks L.
+        num_heads: query heads a.
+        num_kv_heads: key/value heads (== num_heads for MHA, 1 for MQA, in between for GQA).
+        head_dim: width of one head (explicit in gemma; hidden_size // num_heads otherwise).
+        intermediate_size: MLP inner width (4h for GPT-2).
+        vocab_size: vocabulary size V.
+        max_position_embeddings: longest context the config allows.
+        tie_word_embeddings: whether the LM head shares the embedding matrix.
+        mlp: ``"gelu"`` (two matrices, GPT-2) or ``"gated"`` (gate/up/down: SwiGLU, GeGLU).
+        norm: ``"layernorm"`` (weight and bias) or ``"rmsnorm"`` (weight only).
+        qkv_bias: biases on the q/k/v projections (gpt2, qwen2).
+        out_bias: bias on the attention output projection (gpt2).
+        mlp_bias: biases on the MLP matrices (gpt2).
+        learned_positions: a learned position-embedding table (gpt2) rather than rotary.
+        embed_scale: embeddings multiplied by sqrt(h) (gemma).
+        attn_dropout: dropout probability on attention probabilities (training).
+        resid_dropout: dropout on the residual branches.
+        embd_dropout: dropout after the embeddings.
+        raw: the config dictionary as read, used to build the transformers model.
+    """
+
+    name: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    mlp: str
+    norm: str
+    qkv_bias: bool
+    out_bias: bool
+    mlp_bias: bool
+    learned_positions: bool
+    embed_scale: bool
+    attn_dropout: float
+    resid_dropout: float
+    embd_dropout: float
+    raw: dict[str, Any] = field(repr=False, compare=False, hash=False)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together (num_heads × head_dim)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of all key (or value) heads together (num_kv_heads × head_dim)."""
+        return self.num_kv_heads * self.head_dim
+
+
+def shipped_models() -> list[str]:
+    """Names of the configs shipped with memlib (``memlib/configs/*.json``), sorted."""
+    folder = resources.files("memlib") / "configs"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise MemlibError(f"cannot read config file {str(path)!r}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MemlibError(f"malformed JSON in {str(path)!r}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(data, dict):
+        raise MemlibError(f"malformed config {str(path)!r}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _get(d: dict[str, Any], keys: tuple[str, ...], default: Any = None, *, required: bool = True) -> Any:
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    if required and default is None:
+        raise MemlibError(f"config is missing {keys[0]!r} (model_type {d.get('model_type')!r})")
+    return default
+
+
+def _positive(d: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> int:
+    value = _get(d, keys, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise MemlibError(f"config field {keys[0]!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _from_dict(d: dict[str, Any], name: str) -> ModelConfig:
+    model_type = d.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        choices = ", ".join(SUPPORTED_MODEL_TYPES)
+        raise MemlibError(f"unsupported model_type {model_type!r}; expected one of: {choices}")
+    hidden = _positive(d, ("hidden_size", "n_embd"))
+    layers = _positive(d, ("num_hidden_layers", "n_layer"))
+    heads = _positive(d, ("num_attention_heads", "n_head"))
+    kv_heads = _positive(d, ("num_key_value_heads",), heads)
+    explicit_head_dim = d.get("head_dim")
+    if explicit_head_dim is None and hidden % heads != 0:
+        raise MemlibError(
+            f"num_attention_heads {heads} does not divide hidden_size {hidden}; "
+            f"choose heads among the divisors of {hidden} or give head_dim"
+        )
+    head_dim = _positive(d, ("head_dim",), hidden // heads)
+    if heads % kv_heads != 0:
+        raise MemlibError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+    vocab = _positive(d, ("vocab_size",))
+    if model_type == "gpt2":
+        inner = d.get("n_inner") or 4 * hidden
+        if isinstance(inner, bool) or not isinstance(inner, int) or inner <= 0:
+            raise MemlibError(f"config field 'n_inner' must be a positive integer, got {inner!r}")
+        return ModelConfig(
+            name=name, model_type="gpt2", hidden_size=hidden, num_layers=layers, num_heads=heads,
+            num_kv_heads=heads, head_dim=hidden // heads, intermediate_size=inner, vocab_size=vocab,
+            max_position_embeddings=_positive(d, ("n_positions", "max_position_embeddings"), 1024),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", True)), mlp="gelu", norm="layernorm",
+            qkv_bias=True, out_bias=True, mlp_bias=True, learned_positions=True, embed_scale=False,
+            attn_dropout=float(d.get("attn_pdrop", 0.1)), resid_dropout=float(d.get("resid_pdrop", 0.1)),
+            embd_dropout=float(d.get("embd_pdrop", 0.1)), raw=dict(d),
+        )
+    act = d.get("hidden_activation") or d.get("hidden_act") or "silu"
+    if act not in _GATED_ACTS:
+        raise MemlibError(f"unsupported hidden_act {act!r}; expected one of: {', '.join(sorted(_GATED_ACTS))}")
+    default_tie = model_type == "gemma"
+    return ModelConfig(
+        name=name, model_type=model_type, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=_positive(d, ("intermediate_size",)),
+        vocab_size=vocab, max_position_embeddings=_positive(d, ("max_position_embeddings",), 2048),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", default_tie)), mlp="gated", norm="rmsnorm",
+        qkv_bias=model_type == "qwen2" or bool(d.get("attention_bias", False)),
+        out_bias=model_type != "qwen2" and bool(d.get("attention_bias", False)),
+        mlp_bias=bool(d.get("mlp_bias", False)), learned_positions=False, embed_scale=model_type == "gemma",
+        attn_dropout=float(d.get("attention_dropout", 0.0)), resid_dropout=0.0, embd_dropout=0.0, raw=dict(d),
+    )
+
+
+def load_config(model: str | Path | dict[str, Any] | ModelConfig) -> ModelConfig:
+    """Load a model configuration.
+
+    Introduced in Chapter 1.
+
+    Args:
+        model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), a path to a Hugging Face
+            ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
+
+    Returns:
+        The normalized ModelConfig.
+
+    Raises:
+        MemlibError: unknown name or missing file, malformed JSON, unsupported model_type, heads that do
+            not divide the hidden size, non-positive sizes.
+    """
+    if isinstance(model, ModelConfig):
+        return model
+    if isinstance(model, dict):
+        return _from_dict(model, str(model.get("_name_or_path") or model.get("model_type") or "config"))
+    text = str(model)
+    path = Path(text)
+    if text.endswith(".json") or path.is_file() or "/" in text:
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise MemlibError(f"config file {text!r} does not exist")
+        return _from_dict(_read_json(path), path.parent.name if path.name == "config.json" else path.stem)
+    names = shipped_models()
+    if text not in names:
+        raise MemlibError(f"unknown model {text!r}; expected one of: {', '.join(names)} (or a path to a config.json)")
+    folder = resources.files("memlib") / "configs"
+    data = json.loads((folder / f"{text}.json").read_text())
+    return _from_dict(data, text)

@@ -1,0 +1,107 @@
+"""Exact parameter counts of the transformers classes, with a breakdown by component (Chapter 1)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .configs import ModelConfig, load_config
+
+__all__ = ["ParamCount", "count_params"]
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter count of a model, by component. Introduced in Chapter 1.
+
+    Attributes:
+        params: total number of parameters (a tied LM head is counted once).
+        embeddings: token (and learned position) embeddings.
+        attention: all q/k/v/o projections with their biases, all layers.
+        mlp: all MLP matrices with their biases, all layers.
+        norms: all LayerNorm/RMSNorm weights (and biases), final norm included.
+        lm_head: the output projection (0 when tied to the embeddings).
+        per_layer: parameters of one transformer block.
+        small_tensor_params: parameters in tensors of fewer than 4096 elements (norms, biases): what
+            8-bit optimizers keep in 32-bit.
+        num_tensors: number of parameter tensors.
+    """
+
+    params: int
+    embeddings: int
+    attention: int
+    mlp: int
+    norms: int
+    lm_head: int
+    per_layer: int
+    small_tensor_params: int
+    num_tensors: int
+
+    def as_dict(self) -> dict[str, int]:
+        """The fields as a plain dict (for JSON)."""
+        return asdict(self)
+
+
+def _layer_tensors(cfg: ModelConfig) -> list[int]:
+    """Element counts of the parameter tensors of one transformer block."""
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    if cfg.model_type == "gpt2":  # fused c_attn (h, 3h) Conv1D, c_proj, c_fc, c_proj; two LayerNorms
+        return [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h]
+    tensors = [h * q, h * kv, h * kv, q * h]
+    if cfg.qkv_bias:
+        tensors += [q, kv, kv]
+    if cfg.out_bias:
+        tensors += [h]
+    tensors += [h * f, h * f, f * h]
+    if cfg.mlp_bias:
+        tensors += [f, f, h]
+    tensors += [h, h]  # input and post-attention RMSNorm weights
+    return tensors
+
+
+def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount:
+    """Count the parameters of the transformers causal-LM class built from a config.
+
+    Introduced in Chapter 1. Equal to ``sum(p.numel() for p in model.parameters())`` of the transformers
+    model (tested for every shipped config).
+
+    Args:
+        model: shipped name, path to a config.json, config dict or ModelConfig.
+
+    Returns:
+        The count with its breakdown.
+    """
+    cfg = load_config(model)
+    h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
+    layer = _layer_tensors(cfg)
+    embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)
+    if cfg.model_type == "gpt2":
+        attn_layer = 3 * h * h + 3 * h + h * h + h
+        mlp_layer = 2 * h * cfg.intermediate_size + cfg.intermediate_size + h
+        norm_layer = 4 * h
+        final_norm = 2 * h
+    else:
+        q, kv, f = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+        attn_layer = 2 * h * q + 2 * h * kv + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.out_bias else 0)
+        mlp_layer = 3 * h * f + (2 * f + h if cfg.mlp_bias else 0)
+        norm_layer = 2 * h
+        final_norm = h
+    lm_head = 0 if cfg.tie_word_embeddings else V * h
+    per_layer = sum(layer)
+    total = embed + L * per_layer + final_norm + lm_head
+    assert per_layer == attn_layer + mlp_layer + norm_layer
+    other_tensors = [V * h] + ([cfg.max_position_embeddings * h] if cfg.learned_positions else [])
+    other_tensors += [h, h] if cfg.norm == "layernorm" else [h]
+    other_tensors += [] if cfg.tie_word_embeddings else [V * h]
+    small = L * sum(n for n in layer if n < 4096) + sum(n for n in other_tensors if n < 4096)
+    return ParamCount(
+        params=total,
+        embeddings=embed,
+        attention=L * attn_layer,
+        mlp=L * mlp_layer,
+        norms=L * norm_layer + final_norm,
+        lm_head=lm_head,
+        per_layer=per_layer,
+        small_tensor_params=small,
+        num_tensors=L * len(layer) + len(other_tensors),
+    )
