@@ -142,6 +142,12 @@ class MemoryTracker:
         self.totals[old] -= nbytes
         self.totals[category] += nbytes
 
+    def forget(self, t: Any) -> None:
+        """Stop counting the storage of ``t`` (e.g. optimizer step counters, which live on the host)."""
+        torch = _torch()
+        if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
+            self._release(t.untyped_storage()._cdata)
+
     def reset_peak(self) -> None:
         """Start a new peak measurement from the current live bytes."""
         self.peak = self.total
@@ -185,9 +191,26 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
     flash kernels hold.
     """
     torch = _torch()
+    if query.device.type == "cpu":
+        # The CPU flash kernel has no dropout; CUDA's keeps only an RNG state for it, so the memory held is
+        # the same without it. (A memory trace, not a numerics check.)
+        dropout_p = 0.0
     out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
     )
+    return out
+
+
+def _fused_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """Dropout as CUDA runs it: ``aten.native_dropout``, which saves a 1-byte boolean mask.
+
+    On CPU and meta, ``F.dropout`` decomposes into ``empty_like(x).bernoulli_()`` and saves a mask in the
+    input's dtype (2 or 4 bytes); the fused CUDA kernel keeps one byte per element.
+    """
+    torch = _torch()
+    if not training or p == 0.0:
+        return input
+    out, _mask = torch.ops.aten.native_dropout(input, p, True)
     return out
 
 
@@ -202,14 +225,17 @@ def _patched(flash_sdpa: bool) -> Iterator[None]:
     import transformers.masking_utils as masking
 
     original_sdpa = torch.nn.functional.scaled_dot_product_attention
+    original_dropout = torch.nn.functional.dropout
     original_probe = masking.find_packed_sequence_indices
     masking.find_packed_sequence_indices = lambda position_ids: None
+    torch.nn.functional.dropout = _fused_dropout
     if flash_sdpa:
         torch.nn.functional.scaled_dot_product_attention = _flash_sdpa
     try:
         yield
     finally:
         torch.nn.functional.scaled_dot_product_attention = original_sdpa
+        torch.nn.functional.dropout = original_dropout
         masking.find_packed_sequence_indices = original_probe
 
 
@@ -240,6 +266,7 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
         import transformers
     except ImportError:  # pragma: no cover
         raise ImportError("building models needs transformers: pip install transformers") from None
+    transformers.logging.set_verbosity_error()
     hf_cfg = transformers.AutoConfig.for_model(**raw)
     hf_cfg._attn_implementation = attention
     hf_cfg.use_cache = False
@@ -358,8 +385,11 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     with _patched(attention == "sdpa"), tracker.mode():
         step()
         for state in opt.state.values():
-            for value in state.values():
-                tracker.reclassify(value, MemCategory.OPTIMIZER)
+            for name, value in state.items():
+                if name == "step":  # a host-side scalar in PyTorch's optimizers, not device memory
+                    tracker.forget(value)
+                else:
+                    tracker.reclassify(value, MemCategory.OPTIMIZER)
         tracker.reset_peak()
         step()
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,

@@ -1,0 +1,143 @@
+"""The ``memlib`` command line: params, train, infer, trace (Chapter 1)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .configs import shipped_models
+from .dtypes import GB, GiB
+from .errors import MemlibError
+
+__all__ = ["main", "build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"memlib: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}; expected a positive integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid value {value}; expected a positive integer")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``memlib`` (exposed for the docs and tests)."""
+    from .estimate import ATTENTION, KV_DTYPES, OPTIMIZERS, PRECISIONS, RECOMPUTE
+    from .dtypes import WEIGHT_FORMATS
+
+    models_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
+    parser = _Parser(prog="memlib", description="GPU memory estimates and measurements for training and inference.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("params", help="exact parameter count with a breakdown")
+    p.add_argument("model", help=models_help)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    t = sub.add_parser("train", help="estimated training memory per GPU")
+    t.add_argument("model", nargs="?", help=models_help)
+    t.add_argument("--params", type=_positive_int, help="parameter count instead of a model (model states only)")
+    t.add_argument("--batch", type=_positive_int, default=1, help="micro-batch size per GPU (default 1)")
+    t.add_argument("--seq", type=_positive_int, default=512, help="sequence length (default 512)")
+    t.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    t.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage")
+    t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
+    t.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    t.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    t.add_argument("--json", action="store_true", help="machine-readable output")
+
+    i = sub.add_parser("infer", help="estimated inference memory: weights + KV cache")
+    i.add_argument("model", help=models_help)
+    i.add_argument("--batch", type=_positive_int, default=1)
+    i.add_argument("--seq", type=_positive_int, default=2048, help="tokens held per sequence (default 2048)")
+    i.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16")
+    i.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp16")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    r = sub.add_parser("trace", help="measure a real training step on the meta device (needs torch)")
+    r.add_argument("model", help=models_help)
+    r.add_argument("--batch", type=_positive_int, default=1)
+    r.add_argument("--seq", type=_positive_int, default=512)
+    r.add_argument("--precision", choices=("fp32", "fp16-mixed", "bf16-mixed", "bf16"), default="bf16-mixed")
+    r.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    r.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    r.add_argument("--recompute", choices=("none", "full"), default="none")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _table(rows: list[tuple[str, Any]], title: str) -> str:
+    lines = [title]
+    for name, value in rows:
+        if isinstance(value, int) and name.endswith("bytes"):
+            shown = f"{value:>20,d} B  {value / GB:10.2f} GB  {value / GiB:10.2f} GiB"
+        elif isinstance(value, int):
+            shown = f"{value:>20,d}"
+        else:
+            shown = f"{value!s:>20}"
+        lines.append(f"  {name:<20} {shown}")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.command == "params":
+        from .params import count_params
+
+        pc = count_params(args.model)
+        data = pc.as_dict()
+        return data, _table(list(data.items()), f"parameters of {args.model}")
+    if args.command == "train":
+        from .estimate import estimate_training
+
+        if args.model is None and args.params is None:
+            raise MemlibError("give a model (shipped name or config.json) or --params N")
+        est = estimate_training(args.model, params=args.params, batch_size=args.batch, seq_len=args.seq,
+                                precision=args.precision, optimizer=args.optimizer, zero_stage=args.zero,
+                                num_gpus=args.gpus, recompute=args.recompute, attention=args.attention)
+        data = est.as_dict()
+        rows = [(k, v) for k, v in data.items() if k != "settings"]
+        head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
+        return data, _table(rows, f"training memory per GPU ({head})")
+    if args.command == "infer":
+        from .estimate import estimate_inference
+
+        est = estimate_inference(args.model, batch_size=args.batch, seq_len=args.seq, weights=args.weights,
+                                 kv_dtype=args.kv_dtype)
+        data = est.as_dict()
+        rows = [(k, v) for k, v in data.items() if k != "settings"]
+        head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
+        return data, _table(rows, f"inference memory ({head})")
+    from .trace import trace_training
+
+    res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
+                         optimizer=args.optimizer, attention=args.attention, recompute=args.recompute)
+    data = res.as_dict()
+    rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
+    return data, _table(rows, f"measured training step (meta trace) of {args.model}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``memlib`` and ``python -m memlib``. Returns the exit status (2 on bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        data, text = _run(args)
+    except MemlibError as e:
+        print(f"memlib: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=False))
+    else:
+        print(text)
+    return 0
