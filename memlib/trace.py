@@ -342,7 +342,10 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     tracker = MemoryTracker(device)
     net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
     if recompute == "full":
-        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(net, "activation_checkpointing_enable"):  # transformers ≥ 5.x name
+            net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # pragma: no cover - older transformers
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in net.parameters() if p.requires_grad]
     for p in params:
         tracker.register(p, MemCategory.PARAM)
