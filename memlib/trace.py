@@ -323,8 +323,9 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         The steady-state peak and its breakdown.
 
     Limitations:
-        Counts tensor storages only: no allocator rounding, CUDA context or library workspaces (Chapter 1
-        compares with ``torch.cuda.max_memory_allocated``).
+        Counts tensor storages only: no allocator rounding, CUDA context or library workspaces. With
+        ``device="cuda"`` the settings also carry ``cuda_max_memory_allocated`` and ``cuda_max_memory_reserved``
+        of the second step, read from the CUDA caching allocator (Chapter 1's lab compares them).
     """
     torch = _torch()
     cfg = load_config(model)
@@ -394,8 +395,18 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                 else:
                     tracker.reclassify(value, MemCategory.OPTIMIZER)
         tracker.reset_peak()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            allocated_before = torch.cuda.memory_allocated()
         step()
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
                 "optimizer": optimizer, "attention": attention, "recompute": recompute}
+    if device == "cuda":  # the CUDA caching allocator's own view of the same step
+        torch.cuda.synchronize()
+        settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
+        settings["cuda_max_memory_reserved"] = int(torch.cuda.max_memory_reserved())
+        settings["cuda_allocated_before_step"] = int(allocated_before)
+        settings["cuda_device_name"] = torch.cuda.get_device_name()
     return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
