@@ -351,12 +351,7 @@ def flash_block_sizes(sram_elems: int, head_dim: int) -> tuple[int, int]:
 
 def _visited_rows(seq_len: int, block_rows: int, block_cols: int, causal: bool) -> list[int]:
     """Query rows each key/value tile visits in Algorithm 1 (fully masked causal tiles skipped)."""
-    t_r = -(-seq_len // block_rows)
-    out = []
-    for j0 in range(0, seq_len, block_cols):
-        first_tile = j0 // block_rows if causal else 0
-        out.append(seq_len - first_tile * block_rows if first_tile < t_r else 0)
-    return out
+    return [seq_len - _first_row(j0, block_rows, causal) for j0 in range(0, seq_len, block_cols)]
 
 
 def flash_io_bytes(seq_len: int, head_dim: int, sram_elems: int, dtype_bytes: int = 2, stats_bytes: int = 4,

@@ -298,11 +298,12 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                    precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
                    seed: int = 0) -> TraceResult:
-    """Trace two training steps of the transformers model and return the second step's peak.
+    """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
-    logits to fp32) + backward + ``optimizer.step()`` + ``zero_grad(set_to_none=True)``; the second step is
-    the steady state (optimizer states exist). ``use_cache`` is off, as in training.
+    logits to fp32) + backward + ``optimizer.step()`` + ``zero_grad(set_to_none=True)``. Steady state means
+    the optimizer states already exist: a warm-up optimizer step on zero gradients creates them exactly as a
+    first training step would, then the traced step runs. ``use_cache`` is off, as in training.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -358,7 +359,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     for m in masters:
         tracker.reclassify(m, MemCategory.OPTIMIZER)
         m.requires_grad_(True)
-    opt = _make_optimizer(optimizer, masters if mixed else params)
+    # Mixed precision: one optimizer per master tensor, so each step touches only the tensor being updated.
+    opts = [_make_optimizer(optimizer, [m]) for m in masters] if mixed else [_make_optimizer(optimizer, params)]
     for p in params:
         p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
     vocab = int(net.config.vocab_size)
@@ -374,7 +376,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         with tracker.phase_of("optimizer", MemCategory.TEMP):
             if mixed:
                 # One tensor at a time: cast its 16-bit gradient to fp32, update the fp32 master, copy back.
-                for p, m in zip(params, masters):
+                for p, m, opt in zip(params, masters, opts):
                     m.grad = p.grad.float()
                     p.grad = None
                     opt.step()
@@ -382,13 +384,20 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                     with torch.no_grad():
                         p.copy_(m)
             else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
+                opts[0].step()
+                opts[0].zero_grad(set_to_none=True)
             net.zero_grad(set_to_none=True)
 
+    # Warm-up: one optimizer step on zero gradients creates the optimizer states exactly as a first training
+    # step would (a full first forward/backward would only cost time: nothing else outlives a step).
+    for opt in opts:
+        for group in opt.param_groups:
+            for t in group["params"]:
+                t.grad = torch.zeros_like(t)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     with _patched(attention == "sdpa"), tracker.mode():
-        step()
-        for state in opt.state.values():
+        for state in (st for opt in opts for st in opt.state.values()):
             for name, value in state.items():
                 if name == "step":  # a host-side scalar in PyTorch's optimizers, not device memory
                     tracker.forget(value)

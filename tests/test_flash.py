@@ -31,6 +31,15 @@ from memlib.flash import (
 TOL = {torch.float64: 1e-6, torch.float32: 1e-5}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():  # type: ignore[no-untyped-def]
+    """Tiny tensors gain nothing from threads, and on a shared 2-core machine threads contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative error ‖a − b‖ / ‖b‖ (0 when both are exactly zero, as dq and dk are for N = 1)."""
     err, size = float((a - b).norm()), float(b.norm())
@@ -61,8 +70,9 @@ def test_forward_is_exact(shape: tuple[int, int, int, int], block_q: int, block_
     assert _rel(lse, torch.logsumexp(s, dim=-1)) <= TOL[dtype]
 
 
-@settings(max_examples=25, deadline=None)
-@given(shape=shapes, block_q=st.integers(1, 24), block_k=st.integers(1, 24), causal=st.booleans(),
+@settings(max_examples=20, deadline=None)
+@given(shape=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 48), st.integers(1, 16)),
+       block_q=st.integers(1, 24), block_k=st.integers(2, 24), causal=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_backward_matches_autograd_of_reference(shape: tuple[int, int, int, int], block_q: int, block_k: int,
                                                 causal: bool, seed: int) -> None:
@@ -134,7 +144,7 @@ def test_block_sizes_follow_algorithm_1() -> None:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("n", "d", "m"), [(64, 8, 256), (77, 16, 320), (50, 4, 2000)])
+@pytest.mark.parametrize(("n", "d", "m"), [(64, 8, 256), (61, 16, 512), (50, 4, 2000)])
 def test_counted_forward_equals_formula_and_is_exact(n: int, d: int, m: int, causal: bool) -> None:
     q, k, v = _qkv((1, 2, n, d), torch.float64, 4)
     out, lse, io = flash_forward_counted(q, k, v, m, causal)
