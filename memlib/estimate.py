@@ -131,7 +131,7 @@ def state_bytes_per_param(precision: str, optimizer: str) -> tuple[float, float,
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
     if precision == "fp32":
-        w = g = master = 4.0
+        w = g = 4.0
         state = 4.0
         master = 0.0
     elif precision == "bf16":
@@ -254,7 +254,7 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
     return terms
 
 
-def _sum_terms(terms: list[ActivationTerm], num_layers: int) -> tuple[int, int]:
+def _sum_terms(terms: list[ActivationTerm]) -> tuple[int, int]:
     per_layer = sum(t.bytes for t in terms if t.per_layer)
     outside = sum(t.bytes for t in terms if not t.per_layer)
     return per_layer, outside
@@ -336,7 +336,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, states, "states", settings)
 
     terms = activation_terms(cfg, batch_size=b, seq_len=s, precision=precision, attention=attention)
-    per_layer, outside = _sum_terms(terms, cfg.num_layers)
+    per_layer, outside = _sum_terms(terms)
     L, h, V, f = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     e = 4 if precision == "fp32" else 2
     T = b * s
