@@ -33,7 +33,8 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
-    from .estimate import ATTENTION, KV_DTYPES, OPTIMIZERS, PRECISIONS, RECOMPUTE
+    from .estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
+    from .lora import LORA_TARGETS, METHODS
     from .dtypes import WEIGHT_FORMATS
 
     models_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
@@ -55,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
     t.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    t.add_argument("--checkpoint-every", type=_positive_int, default=1,
+                   help="with --recompute full: decoder layers per checkpointed segment (default 1)")
+    t.add_argument("--offload", choices=OFFLOAD, default="none",
+                   help="states kept in CPU memory (params+optimizer needs --zero 3)")
+    t.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning, LoRA or QLoRA")
+    t.add_argument("--lora-rank", type=_positive_int, default=16, help="LoRA rank (default 16)")
+    t.add_argument("--lora-targets", choices=LORA_TARGETS, default="all-linear")
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
     i = sub.add_parser("infer", help="estimated inference memory: weights + KV cache")
@@ -104,7 +112,9 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             raise MemlibError("give a model (shipped name or config.json) or --params N")
         est = estimate_training(args.model, params=args.params, batch_size=args.batch, seq_len=args.seq,
                                 precision=args.precision, optimizer=args.optimizer, zero_stage=args.zero,
-                                num_gpus=args.gpus, recompute=args.recompute, attention=args.attention)
+                                num_gpus=args.gpus, recompute=args.recompute, attention=args.attention,
+                                checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
+                                lora_rank=args.lora_rank, lora_targets=args.lora_targets)
         data = est.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in est.settings.items())

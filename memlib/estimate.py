@@ -14,6 +14,7 @@ from typing import Any
 from .configs import ModelConfig, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
+from .lora import LORA_TARGETS, METHODS, lora_params, qlora_base_bytes
 from .params import count_params
 
 __all__ = [
@@ -21,6 +22,9 @@ __all__ = [
     "OPTIMIZERS",
     "RECOMPUTE",
     "ATTENTION",
+    "OFFLOAD",
+    "METHODS",
+    "LORA_TARGETS",
     "KV_DTYPES",
     "ActivationTerm",
     "TrainingEstimate",
@@ -36,6 +40,8 @@ PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
 OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("eager", "sdpa")
+#: What lives in CPU memory: nothing; the optimizer states (ZeRO-Offload); params too (ZeRO-3/FSDP offload).
+OFFLOAD = ("none", "optimizer", "params+optimizer")
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 # bitsandbytes 8-bit optimizers: tensors with fewer elements than this keep 32-bit states;
@@ -74,7 +80,8 @@ class TrainingEstimate:
             temporaries, or the optimizer step's temporaries), 0 with ``params=``.
         total_bytes: the estimated peak: max(forward/backward peak, optimizer-step peak).
         peak_phase: ``"backward"`` or ``"optimizer"``: where the peak is expected; ``"states"`` with ``params=``.
-        settings: the inputs, echoed.
+        settings: the inputs, echoed (with ``params`` and ``trainable_params``).
+        cpu_bytes: host memory for offloaded states (Chapter 7); 0 without offload.
     """
 
     params_bytes: int
@@ -85,6 +92,7 @@ class TrainingEstimate:
     total_bytes: int
     peak_phase: str
     settings: dict[str, Any]
+    cpu_bytes: int = 0
 
     @property
     def model_states_bytes(self) -> int:
@@ -263,7 +271,9 @@ def _sum_terms(terms: list[ActivationTerm]) -> tuple[int, int]:
 def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = None, *,
                       params: int | None = None, batch_size: int = 1, seq_len: int = 512,
                       precision: str = "bf16-mixed", optimizer: str = "adamw", zero_stage: int = 0,
-                      num_gpus: int = 1, recompute: str = "none", attention: str = "sdpa") -> TrainingEstimate:
+                      num_gpus: int = 1, recompute: str = "none", attention: str = "sdpa",
+                      checkpoint_every: int = 1, offload: str = "none", method: str = "full",
+                      lora_rank: int = 16, lora_targets: str = "all-linear") -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the ZeRO paper (§5): stage 1 shards optimizer states,
@@ -285,31 +295,59 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         recompute: ``none``, ``selective`` (attention core recomputed, Megatron-style) or ``full``
             (every layer's input kept; one layer's activations re-materialized at a time).
         attention: ``eager`` or ``sdpa``.
+        checkpoint_every: with ``recompute="full"``, decoder layers per checkpointed segment (Chapter 4):
+            the forward keeps ceil(L/k) segment inputs and the backward re-materializes k layers at a time;
+            1 is what transformers' ``gradient_checkpointing_enable()`` does.
+        offload: ``none``; ``optimizer`` (ZeRO-Offload, Chapter 7: fp32 master weights, optimizer states and
+            fp32 gradients in CPU memory, the step on the CPU; the GPU keeps 16-bit weights and gradients);
+            ``params+optimizer`` (ZeRO-3 parameter offload / FSDP2 ``CPUOffloadPolicy``: the sharded weights
+            live in CPU memory too and the GPU holds the layers being computed; needs ``zero_stage=3``).
+        method: ``full`` fine-tuning, ``lora`` (16-bit frozen base, Chapter 9) or ``qlora`` (NF4 base with
+            double quantization). Adapters are fp32 (peft's default upcast) with fp32 grads and states.
+        lora_rank: LoRA rank r (``lora``/``qlora``).
+        lora_targets: ``all-linear``, ``attention`` or ``qv`` (see :data:`memlib.lora.LORA_TARGETS`).
 
     Returns:
-        The estimate, bytes per GPU.
+        The estimate, bytes per GPU (and ``cpu_bytes`` of host memory with offload).
 
     Raises:
         MemlibError: for bad input (message names the value and the choices).
 
     Limitations:
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
-        ZeRO-3's gathered-layer buffers and communication buckets are not counted.
+        ZeRO-3 adds two gathered layers of weights and one of gradients (the largest of a decoder layer and
+        the embedding); DeepSpeed's communication buckets are not counted. LoRA activations are taken
+        as full fine-tuning's (``lora_dropout=0``); the CPU side of offload omits DeepSpeed's pinned buffers.
     """
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
     check_choice("zero stage", zero_stage, (0, 1, 2, 3))
     check_choice("recompute", recompute, RECOMPUTE)
     check_choice("attention", attention, ATTENTION)
+    check_choice("offload", offload, OFFLOAD)
+    check_choice("method", method, METHODS)
+    check_choice("lora targets", lora_targets, LORA_TARGETS)
     n_gpus = check_positive("num_gpus", num_gpus)
     b = check_positive("batch_size", batch_size)
     s = check_positive("seq_len", seq_len)
+    k_seg = check_positive("checkpoint_every", checkpoint_every)
+    rank = check_positive("lora rank", lora_rank)
+    if k_seg != 1 and recompute != "full":
+        raise MemlibError(f"checkpoint_every={k_seg} needs recompute='full' (got recompute={recompute!r})")
+    if offload == "params+optimizer" and zero_stage != 3:
+        raise MemlibError(f"offload 'params+optimizer' needs zero_stage 3 (got zero_stage={zero_stage}); "
+                          "use offload 'optimizer' with stages 0-2")
     settings: dict[str, Any] = {"batch_size": b, "seq_len": s, "precision": precision, "optimizer": optimizer,
                                 "zero_stage": zero_stage, "num_gpus": n_gpus, "recompute": recompute,
-                                "attention": attention}
+                                "attention": attention, "checkpoint_every": k_seg, "offload": offload,
+                                "method": method}
+    if method != "full":
+        settings.update(lora_rank=rank, lora_targets=lora_targets)
     if model is None:
         if params is None:
             raise MemlibError("give a model (shipped name or config.json) or params=N")
+        if method != "full":
+            raise MemlibError(f"method {method!r} needs a model (shipped name or config.json), not params=N")
         n = check_positive("params", params)
         small = 0
         cfg = None
@@ -322,18 +360,50 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         settings["model"] = cfg.name
     settings["params"] = n
     w, g, _ = state_bytes_per_param(precision, optimizer)
-    p_bytes = int(w * n)
-    g_bytes = int(g * n)
-    o_bytes = _optimizer_state_bytes(n, small, precision, optimizer)
+    if method == "full":
+        n_train = n
+        p_bytes = int(w * n)
+        g_bytes = int(g * n)
+        o_bytes = _optimizer_state_bytes(n, small, precision, optimizer)
+    else:
+        assert cfg is not None
+        n_train = lora_params(cfg, rank, lora_targets)
+        base = qlora_base_bytes(cfg) if method == "qlora" else int(w * n)
+        p_bytes = base + 4 * n_train  # fp32 adapters
+        g_bytes = 4 * n_train
+        o_bytes = _optimizer_state_bytes(n_train, 0, "fp32", optimizer)
+    settings["trainable_params"] = n_train
     if zero_stage >= 1:
         o_bytes = -(-o_bytes // n_gpus)
     if zero_stage >= 2:
         g_bytes = -(-g_bytes // n_gpus)
     if zero_stage >= 3:
         p_bytes = -(-p_bytes // n_gpus)
+
+    # ZeRO-3 gathers each layer's full weights to compute it: the layer being computed and the next one
+    # (prefetch) are whole on every GPU, and one layer's gradients are whole until reduce-scattered.
+    gathered_p = gathered_g = 0
+    if zero_stage == 3 and cfg is not None:
+        biggest = max(count_params(cfg).per_layer, cfg.vocab_size * cfg.hidden_size)
+        base_per_param = (p_bytes * n_gpus - 4 * (n_train if method != "full" else 0)) / n
+        gathered_p = int(2 * base_per_param * biggest)
+        gathered_g = int(g * biggest) if method == "full" else 0
+
+    # Offload: what moves to host memory, and what the GPU keeps.
+    cpu_bytes = 0
+    if offload != "none":
+        fp32_grads = -(-4 * n_train // (n_gpus if zero_stage >= 1 else 1))
+        cpu_bytes = o_bytes + fp32_grads
+        o_bytes = 0
+        if offload == "params+optimizer":
+            cpu_bytes += p_bytes
+            p_bytes = 0  # the shards live in CPU memory; only the gathered layers are on the GPU
+            g_bytes = 0 if method == "full" else g_bytes
+    p_bytes += gathered_p
+    g_bytes += gathered_g
     states = p_bytes + g_bytes + o_bytes
     if cfg is None:
-        return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, states, "states", settings)
+        return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, states, "states", settings, cpu_bytes)
 
     terms = activation_terms(cfg, batch_size=b, seq_len=s, precision=precision, attention=attention)
     per_layer, outside = _sum_terms(terms)
@@ -342,8 +412,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     T = b * s
     layer_input = e * T * h  # what full recomputation keeps per layer
     if recompute == "full":
-        saved_layers = L * layer_input
-        live_layer = per_layer  # one layer re-materialized during backward
+        k_seg = min(k_seg, L)
+        saved_layers = -(-L // k_seg) * layer_input
+        live_layer = k_seg * per_layer  # one segment re-materialized during backward
     elif recompute == "selective":
         core = sum(t.bytes for t in terms if t.per_layer and ("softmax" in t.name or "dropout mask" in t.name
                                                              and "attention" in t.name or "log-sum-exp" in t.name))
@@ -356,12 +427,13 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
 
     # Backward: starts with the loss temporaries (grad of log-softmax and of the logits in fp32, the
     # 16-bit logits gradient), then sweeps the layers: gradients accumulate, activations are freed.
+    # With LoRA the embeddings and LM head are frozen: no gradient for them.
+    full = method == "full"
     grad_total = g_bytes
-    g_per_param = g_bytes / n
+    g_per_param = g_bytes / n_train
     layer_params = count_params(cfg).per_layer
-    grad_per_layer = int(g_per_param * layer_params)
-    head_grad = int(g_per_param * (n - L * layer_params))
-    vh_grad = int(g_per_param * V * h)
+    head_grad = int(g_per_param * (n - L * layer_params)) if full else 0
+    vh_grad = int(g_per_param * V * h) if full else 0
     mlp_temp = 3 * e * T * f + 2 * e * T * h
     logsm = 4 * T * V
     candidates = [
@@ -377,9 +449,16 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     # Optimizer step: all gradients exist. torch.optim.AdamW's foreach path allocates one buffer the size
     # of all of v (for sqrt(v)). The mixed-precision step goes one tensor at a time: a tensor's 16-bit
     # gradient becomes an fp32 gradient (plus an fp32 sqrt buffer for AdamW) and is then freed; the
-    # embedding comes first, so the peak is at it or at the largest tensor after it.
+    # embedding comes first, so the peak is at it or at the largest tensor after it. With offload the
+    # step runs on the CPU; LoRA adapters are fp32 and take the plain foreach path.
     step_temp = 0
-    if precision.endswith("-mixed"):
+    if offload != "none":
+        step_temp = 0
+    elif not full:
+        step_temp = 4 * n_train if optimizer == "adamw" else 0
+        if zero_stage >= 1:
+            step_temp = -(-step_temp // n_gpus)
+    elif precision.endswith("-mixed"):
         per_elem = 8 if optimizer == "adamw" else 4
         n_embed = V * h
         n_max = max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0)
@@ -394,7 +473,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         total, phase, temp = optimizer_peak, "optimizer", step_temp
     else:
         total, phase, temp = backward_peak, "backward", backward_extra - activations
-    return TrainingEstimate(p_bytes, g_bytes, o_bytes, activations, max(temp, 0), total, phase, settings)
+    return TrainingEstimate(p_bytes, g_bytes, o_bytes, activations, max(temp, 0), total, phase, settings,
+                            cpu_bytes)
 
 
 def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1,

@@ -1,0 +1,92 @@
+"""LoRA / QLoRA accounting: adapter parameters and frozen-weight bytes (pure Python). Introduced in Chapter 9."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .configs import ModelConfig, load_config
+from .dtypes import WEIGHT_FORMATS
+from .errors import check_choice, check_positive
+from .params import count_params
+
+__all__ = ["LORA_TARGETS", "METHODS", "layer_linears", "lora_params", "frozen_linear_params", "qlora_base_bytes"]
+
+#: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
+#: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
+#: projections; ``qv`` the original LoRA paper's W_q and W_v.
+LORA_TARGETS = ("all-linear", "attention", "qv")
+
+#: Fine-tuning methods the estimator knows: all weights trained, LoRA on 16-bit frozen weights, QLoRA on
+#: NF4 (double-quantized) frozen weights.
+METHODS = ("full", "lora", "qlora")
+
+
+def layer_linears(cfg: ModelConfig) -> list[tuple[str, int, int]]:
+    """The Linear (or GPT-2 Conv1D) layers of one decoder block as (name, in_features, out_features).
+
+    Introduced in Chapter 9. GPT-2 fuses q, k, v into one ``c_attn`` matrix (h → 3h).
+    """
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    if cfg.model_type == "gpt2":
+        return [("c_attn", h, 3 * h), ("attn.c_proj", h, h), ("c_fc", h, f), ("mlp.c_proj", f, h)]
+    out = [("q_proj", h, cfg.q_dim), ("k_proj", h, cfg.kv_dim), ("v_proj", h, cfg.kv_dim), ("o_proj", cfg.q_dim, h)]
+    if cfg.mlp == "gated":
+        out += [("gate_proj", h, f), ("up_proj", h, f), ("down_proj", f, h)]
+    else:
+        out += [("up_proj", h, f), ("down_proj", f, h)]
+    return out
+
+
+def _targeted(cfg: ModelConfig, targets: str) -> list[tuple[str, int, int]]:
+    check_choice("lora targets", targets, LORA_TARGETS)
+    linears = layer_linears(cfg)
+    if targets == "all-linear":
+        return linears
+    if cfg.model_type == "gpt2":
+        attn = [x for x in linears if x[0] in ("c_attn", "attn.c_proj")]
+        # GPT-2's fused c_attn cannot take W_q and W_v alone: "qv" adapts the fused matrix, as peft does.
+        return attn if targets == "attention" else attn[:1]
+    names = ("q_proj", "k_proj", "v_proj", "o_proj") if targets == "attention" else ("q_proj", "v_proj")
+    return [x for x in linears if x[0] in names]
+
+
+def lora_params(model: str | Path | dict[str, Any] | ModelConfig, rank: int = 16,
+                targets: str = "all-linear") -> int:
+    """Trainable LoRA parameters: rank × (in + out) for every targeted Linear of every layer.
+
+    Introduced in Chapter 9. A = (r, in), B = (out, r); no bias (peft's default ``bias="none"``).
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        rank: the LoRA rank r.
+        targets: ``all-linear``, ``attention`` or ``qv`` (see :data:`LORA_TARGETS`).
+
+    Returns:
+        The number of adapter parameters.
+    """
+    cfg = load_config(model)
+    r = check_positive("lora rank", rank)
+    return cfg.num_layers * sum(r * (i + o) for _, i, o in _targeted(cfg, targets))
+
+
+def frozen_linear_params(model: str | Path | dict[str, Any] | ModelConfig) -> int:
+    """Weights of all decoder-block Linear matrices (biases excluded): what QLoRA stores in NF4.
+
+    Introduced in Chapter 9. Embeddings, the LM head, norms and biases stay in 16 bits (bitsandbytes'
+    ``Linear4bit`` replaces the blocks' Linear layers; transformers keeps ``lm_head`` unquantized).
+    """
+    cfg = load_config(model)
+    return cfg.num_layers * sum(i * o for _, i, o in layer_linears(cfg))
+
+
+def qlora_base_bytes(model: str | Path | dict[str, Any] | ModelConfig, *, double_quant: bool = True) -> int:
+    """Bytes of the frozen base model in QLoRA: NF4 block-64 matrices + 16-bit everything else.
+
+    Introduced in Chapter 9. With double quantization the per-block absmax costs 8/64 bits plus 32/(64·256)
+    bits per parameter (≈ 0.127 bits), without it 32/64 = 0.5 bits (the QLoRA paper, §3).
+    """
+    cfg = load_config(model)
+    total = count_params(cfg).params
+    q = frozen_linear_params(cfg)
+    per_param = WEIGHT_FORMATS["nf4"] if double_quant else 0.5 + (32 / 64) / 8
+    return int(per_param * q) + 2 * (total - q)
