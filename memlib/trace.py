@@ -45,6 +45,8 @@ class TraceResult:
         peak_phase: ``"forward"``, ``"backward"`` or ``"optimizer"``: where the peak happened.
         device: the device traced (``"meta"``, ``"cpu"``, ``"cuda"``).
         settings: the settings traced (model, batch, seq, precision, optimizer, attention, recompute).
+        method: ``"full"`` (every layer traced) or ``"extrapolated"`` (2 to 5 layers traced, exactly
+            extrapolated; see :func:`trace_training`).
     """
 
     peak_bytes: int
@@ -52,6 +54,7 @@ class TraceResult:
     peak_phase: str
     device: str
     settings: dict[str, Any] = field(default_factory=dict)
+    method: str = "full"
 
     @property
     def params_bytes(self) -> int:
@@ -101,6 +104,10 @@ class MemoryTracker:
         self.phase = "setup"
         self.peak_phase = "setup"
         self.category = MemCategory.ACTIVATION
+        # Optional per-segment maxima (segments: a layer's forward, its backward, ...), used to extrapolate a
+        # trace of a few layers to many (see trace_training's ``extrapolate``).
+        self.segment: Any = None
+        self.seg_peaks: dict[Any, tuple[int, dict[MemCategory, int], str]] = {}
 
     def _release(self, key: int) -> None:
         entry = self.live.pop(key, None)
@@ -127,6 +134,17 @@ class MemoryTracker:
             self.peak = self.total
             self.peak_totals = dict(self.totals)
             self.peak_phase = self.phase
+        if self.segment is not None:
+            sp = self.seg_peaks.get(self.segment)
+            if sp is None or self.total > sp[0]:
+                self.seg_peaks[self.segment] = (self.total, dict(self.totals), self.phase)
+
+    def set_segment(self, label: Any) -> None:
+        """Start (or re-enter) segment ``label``; its maximum starts from the live bytes now."""
+        self.segment = label
+        sp = self.seg_peaks.get(label)
+        if sp is None or self.total > sp[0]:
+            self.seg_peaks[label] = (self.total, dict(self.totals), self.phase)
 
     def reclassify(self, t: Any, category: MemCategory) -> None:
         """Move the storage of ``t`` to ``category`` (registering it first if needed)."""
@@ -153,6 +171,9 @@ class MemoryTracker:
         self.peak = self.total
         self.peak_totals = dict(self.totals)
         self.peak_phase = self.phase
+        self.seg_peaks = {}
+        if self.segment is not None:
+            self.set_segment("start")
 
     @contextlib.contextmanager
     def phase_of(self, phase: str, category: MemCategory) -> Iterator[None]:
@@ -170,6 +191,8 @@ class MemoryTracker:
         from torch.utils._pytree import tree_leaves
 
         tracker = self
+        if self.device_type == "meta" and META_CACHE:
+            return _cached_meta_mode(tracker)
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -179,6 +202,90 @@ class MemoryTracker:
                 return out
 
         return _Mode()
+
+
+#: Cache output metadata of functional ops on the meta device (see :func:`_cached_meta_mode`); the tests
+#: switch it off to check that the trace is the same without it.
+META_CACHE = True
+
+_SIMPLE_LEAVES = (int, float, bool, str, type(None))
+
+
+def _strided_nbytes(t: Any) -> int:
+    """Bytes that ``torch.empty_strided`` allocates for ``t``'s sizes, strides and dtype."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _cached_meta_mode(tracker: MemoryTracker) -> Any:
+    """A dispatch mode for the meta device that also caches output metadata of functional ops.
+
+    Identical decoder layers call the same ops on tensors of the same shapes dozens of times; the meta kernels
+    (many written in Python) then compute the same output sizes again and again. For an op that neither
+    mutates nor aliases its inputs, and whose outputs are fresh tensors, the outputs depend only on the ops'
+    arguments' metadata: on a cache hit new meta tensors with the cached sizes, strides and dtypes are made
+    directly. The storages, and so the memory trace, are the same as without the cache (tests compare them).
+    """
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    Tensor = torch.Tensor
+    simple = _SIMPLE_LEAVES + (torch.dtype, torch.device, torch.layout, torch.memory_format)
+    cache: dict[Any, Any] = {}
+    cacheable: dict[Any, bool] = {}
+
+    def op_ok(func: Any) -> bool:
+        ok = cacheable.get(func)
+        if ok is None:
+            schema = func._schema
+            ok = (not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+                  and len(schema.returns) > 0 and torch.Tag.nondeterministic_seeded not in func.tags)
+            cacheable[func] = ok
+        return ok
+
+    def key_of(func: Any, args: Any, kwargs: Any) -> Any:
+        leaves, spec = tree_flatten((args, kwargs))
+        parts: list[Any] = [func, spec]
+        for x in leaves:
+            if isinstance(x, Tensor):
+                if x.device.type != "meta":
+                    return None
+                parts.append((tuple(x.shape), x.stride(), x.dtype, x.storage_offset()))
+            elif isinstance(x, simple):
+                parts.append((type(x), x))
+            else:
+                return None
+        return tuple(parts)
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            key = key_of(func, args, kwargs) if op_ok(func) else None
+            hit = cache.get(key) if key is not None else None
+            if hit is not None:
+                metas, spec = hit
+                outs = [torch.empty_strided(size, stride, dtype=dtype, device="meta") for size, stride, dtype in metas]
+                out = tree_unflatten(outs, spec)
+            else:
+                out = func(*args, **kwargs)
+                if key is not None:
+                    leaves, spec = tree_flatten(out)
+                    if leaves and all(isinstance(t, Tensor) and t.device.type == "meta" and t.storage_offset() == 0
+                                      and t.untyped_storage().nbytes() == _strided_nbytes(t) for t in leaves):
+                        storages = {t.untyped_storage()._cdata for t in leaves}
+                        fresh = len(storages) == len(leaves) and not any(
+                            isinstance(a, Tensor) and a.untyped_storage()._cdata in storages
+                            for a in tree_flatten((args, kwargs))[0])
+                        if fresh:
+                            cache[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], spec)
+                outs = tree_flatten(out)[0]
+            for t in outs:
+                tracker.register(t)
+            return out
+
+    return _Mode()
 
 
 def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
@@ -297,7 +404,7 @@ def _make_optimizer(name: str, params: list[Any]) -> Any:
 def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1, seq_len: int = 512,
                    precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
-                   seed: int = 0) -> TraceResult:
+                   seed: int = 0, extrapolate: bool = True) -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -319,6 +426,11 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         device: ``meta`` (no memory), ``cpu`` (real tensors: small models only) or ``cuda``.
         overrides: config fields to replace, e.g. fewer layers.
         seed: seed for the random inputs and initialization.
+        extrapolate: on the meta device, for models of more than 5 layers, trace the same model with 2, 3,
+            4 and 5 layers and extrapolate to all of them. The decoder layers are identical, so every
+            segment's maximum (a layer's forward, its backward, its optimizer step, the rest) is an affine
+            function of the layer index and the depth; the fit is checked exactly (integers) on all traced
+            points and the full trace runs instead if any point disagrees. The tests compare the two.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -339,6 +451,32 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     check_choice("device", device, ("meta", "cpu", "cuda"))
     if optimizer == "adamw-8bit" and device == "meta":
         raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
+    layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
+    num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
+    kw = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer, attention=attention,
+              recompute=recompute, device=device, seed=seed)
+    if extrapolate and device == "meta" and num_layers > 5:
+        runs = {}
+        for n in (2, 3, 4, 5):
+            tracker, _ = _trace_once(cfg, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
+            runs[n] = tracker.seg_peaks
+        fit = _extrapolate(runs, num_layers)
+        if fit is not None:
+            peak, totals, phase = fit
+            settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
+                        "optimizer": optimizer, "attention": attention, "recompute": recompute}
+            return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
+                               peak_phase=phase, device=device, settings=settings, method="extrapolated")
+    tracker, settings = _trace_once(cfg, overrides=overrides, segments=False, **kw)
+    return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
+                       peak_phase=tracker.peak_phase, device=device, settings=settings)
+
+
+def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
+                recompute: str, device: str, overrides: dict[str, Any] | None, seed: int,
+                segments: bool) -> tuple[MemoryTracker, dict[str, Any]]:
+    """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
+    torch = _torch()
     torch.manual_seed(seed)
     model_dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
     tracker = MemoryTracker(device)
@@ -349,6 +487,9 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         else:  # pragma: no cover - older transformers
             net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in net.parameters() if p.requires_grad]
+    owner: dict[int, Any] = {}
+    if segments:
+        owner = _segment_hooks(net, tracker)
     for p in params:
         tracker.register(p, MemCategory.PARAM)
     for b in net.buffers():
@@ -371,12 +512,16 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         with tracker.phase_of("forward", MemCategory.ACTIVATION):
             loss = net(input_ids=input_ids, labels=input_ids).loss
         with tracker.phase_of("backward", MemCategory.TEMP):
+            if segments:
+                tracker.set_segment("loss-backward")
             loss.backward()
             del loss
         with tracker.phase_of("optimizer", MemCategory.TEMP):
             if mixed:
                 # One tensor at a time: cast its 16-bit gradient to fp32, update the fp32 master, copy back.
                 for p, m, opt in zip(params, masters, opts):
+                    if segments:
+                        tracker.set_segment(owner[id(p)])
                     m.grad = p.grad.float()
                     p.grad = None
                     opt.step()
@@ -384,6 +529,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                     with torch.no_grad():
                         p.copy_(m)
             else:
+                if segments:
+                    tracker.set_segment("optimizer")
                 opts[0].step()
                 opts[0].zero_grad(set_to_none=True)
             net.zero_grad(set_to_none=True)
@@ -396,6 +543,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                 t.grad = torch.zeros_like(t)
         opt.step()
         opt.zero_grad(set_to_none=True)
+    if segments:
+        tracker.segment = "start"
     with _patched(attention == "sdpa"), tracker.mode():
         for state in (st for opt in opts for st in opt.state.values()):
             for name, value in state.items():
@@ -417,5 +566,132 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         settings["cuda_max_memory_reserved"] = int(torch.cuda.max_memory_reserved())
         settings["cuda_allocated_before_step"] = int(allocated_before)
         settings["cuda_device_name"] = torch.cuda.get_device_name()
-    return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
-                       peak_phase=tracker.peak_phase, device=device, settings=settings)
+    return tracker, settings
+
+
+def _decoder_layers(net: Any) -> Any:
+    """The ModuleList of decoder layers of a transformers causal LM (llama-like or GPT-2)."""
+    inner = getattr(net, "model", None) or getattr(net, "transformer", None)
+    layers = getattr(inner, "layers", None)
+    return layers if layers is not None else inner.h
+
+
+def _segment_hooks(net: Any, tracker: MemoryTracker) -> dict[int, Any]:
+    """Label the step's segments: ("F", k) layer k's forward, ("B", k) its backward, ("Q", k) its update.
+
+    Returns the optimizer-segment label of every parameter (by ``id``).
+    """
+    torch = _torch()
+    layers = _decoder_layers(net)
+    n = len(layers)
+
+    def forwarding() -> bool:
+        return tracker.phase == "forward"
+
+    for k, layer in enumerate(layers, start=1):
+        def pre(mod: Any, args: Any, kwargs: Any, k: int = k) -> None:
+            if forwarding():
+                tracker.set_segment(("F", k))
+                x = args[0] if args else kwargs.get("hidden_states")
+                if k == 1 and isinstance(x, torch.Tensor) and x.requires_grad:
+                    x.register_hook(lambda g: tracker.set_segment("embedding-backward"))
+
+        def post(mod: Any, args: Any, out: Any, k: int = k) -> None:
+            if forwarding():
+                y = out[0] if isinstance(out, (tuple, list)) else out
+                if isinstance(y, torch.Tensor) and y.requires_grad:
+                    y.register_hook(lambda g, k=k: tracker.set_segment(("B", k)))
+                if k == n:
+                    tracker.set_segment("head")
+
+        layer.register_forward_pre_hook(pre, with_kwargs=True)
+        layer.register_forward_hook(post)
+    owner: dict[int, Any] = {}
+    in_layers = {id(p): k for k, layer in enumerate(layers, start=1) for p in layer.parameters()}
+    seen_layer = False
+    for p in net.parameters():
+        if id(p) in in_layers:
+            owner[id(p)] = ("Q", in_layers[id(p)])
+            seen_layer = True
+        else:
+            owner[id(p)] = "optimizer-after" if seen_layer else "optimizer-before"
+    return owner
+
+
+_LAYER_ORDER = {"F": 1, "B": -1, "Q": 1}  # direction of time along the layer index in each kind
+
+
+def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], str]]],
+                 num_layers: int) -> tuple[int, dict[MemCategory, int], str] | None:
+    """Peak of an ``num_layers``-layer step from segment maxima traced at 2 to 5 layers, or None.
+
+    A non-layer segment's maximum must be affine in the depth L; a layer segment's, affine in (k, L). Every
+    traced point is checked exactly; any mismatch returns None (the caller then traces the full model).
+    """
+    cats = list(MemCategory)
+
+    def vec(entry: tuple[int, dict[MemCategory, int], str]) -> tuple[int, ...]:
+        return (entry[0], *(entry[1][c] for c in cats))
+
+    depths = sorted(runs)
+    first = runs[depths[0]]
+    plain = [lab for lab in first if not isinstance(lab, tuple)]
+    kinds = sorted({lab[0] for run in runs.values() for lab in run if isinstance(lab, tuple)})
+    if any({lab for lab in run if not isinstance(lab, tuple)} != set(plain) for run in runs.values()):
+        return None
+    candidates: list[tuple[tuple[int, ...], str, int]] = []  # (vector, phase, time order)
+    order = {lab: i for i, lab in enumerate(first)}
+    for lab in plain:
+        vs = [vec(runs[d][lab]) for d in depths]
+        if len({runs[d][lab][2] for d in depths}) != 1:
+            return None
+        step = tuple(b - a for a, b in zip(vs[0], vs[1]))
+        for d, v in zip(depths, vs):
+            if tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v:
+                return None
+        candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)),
+                           runs[depths[0]][lab][2], order[lab] * 10**6))
+    for kind in kinds:
+        pts = {(lab[1], d): runs[d][lab] for d in depths for lab in runs[d] if isinstance(lab, tuple) and lab[0] == kind}
+        if set(pts) != {(k, d) for d in depths for k in range(1, d + 1)} or len({e[2] for e in pts.values()}) != 1:
+            return None
+        phase = next(iter(pts.values()))[2]
+        t0 = order.get((kind, 1), 10**9)
+        forward_in_k = _LAYER_ORDER.get(kind, 1) > 0
+        # The first and the last layer may differ from the others (the embedding output stays referenced
+        # through the forward; the last output feeds the final norm): each is its own affine function of the
+        # depth. The layers in between are affine in (k, depth).
+        for edge in ("first", "last"):
+            ks = {d: 1 if edge == "first" else d for d in depths}
+            vs = [vec(pts[(ks[d], d)]) for d in depths]
+            step = tuple(b - a for a, b in zip(vs[0], vs[1]))
+            if any(tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v for d, v in zip(depths, vs)):
+                return None
+            k_at = 1 if edge == "first" else num_layers
+            rank = k_at if forward_in_k else num_layers - k_at
+            candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)), phase,
+                               t0 * 10**6 + rank))
+        mid = {(k, d): vec(e) for (k, d), e in pts.items() if 1 < k < d}
+        if not mid:
+            continue
+        (k0, d0) = min(mid, key=lambda kd: (kd[1], kd[0]))
+        if (k0 + 1, d0 + 1) not in mid or (k0, d0 + 1) not in mid:
+            return None
+        v00, v01, v11 = mid[(k0, d0)], mid[(k0, d0 + 1)], mid[(k0 + 1, d0 + 1)]
+        bk = tuple(y - x for x, y in zip(v01, v11))
+        cd = tuple(y - x for x, y in zip(v00, v01))
+
+        def at(k: int, depth: int) -> tuple[int, ...]:
+            return tuple(a + (k - k0) * b + (depth - d0) * c for a, b, c in zip(v00, bk, cd))
+
+        if len(mid) < 4 or any(at(k, d) != v for (k, d), v in mid.items()):
+            return None
+        if num_layers >= 3:
+            for k in (2, num_layers - 1):
+                rank = k if forward_in_k else num_layers - k
+                candidates.append((at(k, num_layers), phase, t0 * 10**6 + rank))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: c[2])
+    best = max(candidates, key=lambda c: c[0][0])  # max() keeps the first (earliest) of equal peaks
+    return best[0][0], dict(zip(cats, best[0][1:])), best[1]

@@ -95,3 +95,47 @@ def test_trace_bad_input() -> None:
         trace_training("gpt2", optimizer="adamw-8bit")
     with pytest.raises(MemlibError, match="unknown recompute 'selective'; expected one of: none, full"):
         trace_training("gpt2", recompute="selective")
+
+
+@pytest.mark.parametrize("model, kw", [
+    ("gpt2", dict(batch_size=2, seq_len=128, attention="eager", precision="fp32")),
+    ("qwen2-0.5b", dict(batch_size=1, seq_len=256, precision="bf16-mixed", recompute="full")),
+    ("gemma-2b", dict(batch_size=1, seq_len=128, precision="bf16", optimizer="sgd-momentum")),
+    ("llama-3-8b", dict(batch_size=1, seq_len=256, precision="fp16-mixed", overrides={"num_hidden_layers": 9})),
+    ("mistral-7b", dict(batch_size=2, seq_len=128, precision="bf16", attention="eager", recompute="full",
+                        overrides={"num_hidden_layers": 7})),
+])
+def test_extrapolated_trace_equals_full_trace(model: str, kw: dict) -> None:
+    fast = trace_training(model, **kw)
+    full = trace_training(model, extrapolate=False, **kw)
+    assert fast.method == "extrapolated" and full.method == "full"
+    assert fast.as_dict() == full.as_dict()
+
+
+def test_extrapolation_refuses_a_non_affine_fit() -> None:
+    from memlib.categories import MemCategory
+    from memlib.trace import _extrapolate
+
+    zero = {c: 0 for c in MemCategory}
+
+    def run(depth: int, bump: int = 0) -> dict:
+        out = {"start": (100 * depth, dict(zero), "forward")}
+        for k in range(1, depth + 1):
+            out[("F", k)] = (100 * depth + 10 * k + (bump if k == 2 else 0), dict(zero), "forward")
+        return out
+
+    runs = {d: run(d) for d in (2, 3, 4, 5)}
+    peak, _, phase = _extrapolate(runs, 80)
+    assert peak == 100 * 80 + 10 * 80 and phase == "forward"
+    runs[5] = run(5, bump=1)  # one layer that is not like the others
+    assert _extrapolate(runs, 80) is None
+
+
+def test_meta_op_cache_does_not_change_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memlib.trace as tr
+
+    kw = dict(batch_size=2, seq_len=64, precision="bf16-mixed", attention="eager", extrapolate=False)
+    cached = tr.trace_training("qwen2-0.5b", overrides={"num_hidden_layers": 3}, **kw)
+    monkeypatch.setattr(tr, "META_CACHE", False)
+    plain = tr.trace_training("qwen2-0.5b", overrides={"num_hidden_layers": 3}, **kw)
+    assert cached.as_dict() == plain.as_dict()
