@@ -1,0 +1,1210 @@
+"""Interview drills: the question bank, randomized numeric drills graded by memlib, and a drill mode (Drills).
+
+Pure Python on top of the estimators (no torch, no ipywidgets). Three parts:
+
+* :data:`QUESTIONS` — every interview question of the seed notes (quoted in the original Chinese with an
+  English translation) plus the book's own, each with a difficulty tag (E/M/H), a model answer and the
+  chapter that proves it. Numbers in the answers are ``{{name}}`` placeholders filled by
+  :func:`answer_numbers`, which computes them with memlib, never by hand.
+* Numeric drills — :func:`generate` builds one drill of a registered kind from a seed with
+  ``random.Random(seed)``; :func:`grade` checks an answer against memlib's value within the drill's tolerance.
+  New kinds are one decorated function (see :func:`drill_kind`).
+* Drill mode — :func:`make_drills` and :func:`drill_mode` ask N random drills and return a score,
+  deterministic for a given seed.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from .configs import load_config
+from .dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS, weight_bytes_per_param
+from .errors import MemlibError, check_choice, check_positive
+from .estimate import KV_DTYPES, estimate_inference, estimate_training, state_bytes_per_param
+from .params import count_params
+
+__all__ = [
+    "CHAPTERS",
+    "DIFFICULTIES",
+    "SOURCES",
+    "Question",
+    "Number",
+    "QUESTIONS",
+    "SEED_QUESTIONS_ZH",
+    "answer_numbers",
+    "render_answer",
+    "questions",
+    "find_question",
+    "question_markdown",
+    "chapter_markdown",
+    "Drill",
+    "DrillKind",
+    "DRILL_KINDS",
+    "drill_kind",
+    "generate",
+    "parse_answer",
+    "grade",
+    "drill_markdown",
+    "DrillResult",
+    "DrillScore",
+    "make_drills",
+    "score",
+    "drill_mode",
+]
+
+#: The book's chapters, as planned (numbers used in "proved in Chapter N").
+CHAPTERS: dict[int, str] = {
+    1: "Where the memory goes",
+    2: "Number formats",
+    3: "Mixed precision",
+    4: "Activations and checkpointing",
+    5: "Gradient accumulation and DDP no_sync",
+    6: "ZeRO and FSDP",
+    7: "Offloading",
+    8: "8-bit optimizers",
+    9: "LoRA, QLoRA and paged optimizers",
+    10: "FlashAttention",
+    11: "Inference memory and quantization",
+    12: "Profiling and MFU",
+    13: "Putting it together",
+}
+DIFFICULTIES = ("E", "M", "H")
+SOURCES = ("seed 000 top", "seed 000 §八", "seed 004", "book")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Numbers the answers quote, computed with memlib
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number quoted in a model answer. Introduced in the Drills part.
+
+    Attributes:
+        value: the formatted value with its unit (``"107.81 GB"``).
+        how: the memlib computation it comes from, as a Python expression or formula.
+    """
+
+    value: str
+    how: str
+
+
+def _gb(n: float, digits: int = 1) -> str:
+    return f"{n / GB:,.{digits}f} GB"
+
+
+def _gib(n: float, digits: int = 1) -> str:
+    return f"{n / GiB:,.{digits}f} GiB"
+
+
+def _lora_params(model: str, rank: int, targets: str) -> int:
+    """LoRA parameters r·(d_in + d_out) per adapted matrix, all layers; targets ``"attn"`` or ``"all"``."""
+    cfg = load_config(model)
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    per_layer = rank * ((h + q) + 2 * (h + kv) + (q + h))
+    if targets == "all":
+        per_layer += rank * 3 * (h + f)
+    return cfg.num_layers * per_layer
+
+
+@lru_cache(maxsize=1)
+def answer_numbers() -> dict[str, Number]:
+    """Every number the model answers quote, computed with memlib. Introduced in the Drills part.
+
+    Returns:
+        name → :class:`Number`; the placeholders ``{{name}}`` in :data:`QUESTIONS` refer to these names.
+    """
+    n: dict[str, Number] = {}
+
+    def put(key: str, value: str, how: str) -> None:
+        n[key] = Number(value, how)
+
+    p7 = count_params("llama-7b").params
+    put("p7", f"{p7 / 1e9:.2f} B", "count_params('llama-7b').params")
+    put("states7", _gb(16 * p7), "estimate_training('llama-7b').model_states_bytes")
+    put("states7_seed", _gb(16 * 7e9, 0), "16 × 7e9 bytes")
+    for att in ("sdpa", "eager"):
+        e = estimate_training("llama-7b", batch_size=4, seq_len=4096, attention=att)
+        put(f"act7_{att}", _gb(e.activations_bytes or 0, 0),
+            f"estimate_training('llama-7b', batch_size=4, seq_len=4096, attention='{att}').activations_bytes")
+        put(f"peak7_{att}", _gb(e.total_bytes, 0), f"… attention='{att}').total_bytes")
+    e = estimate_training("llama-7b", batch_size=4, seq_len=4096, recompute="full")
+    put("peak7_full", _gb(e.total_bytes, 0), "estimate_training('llama-7b', batch_size=4, seq_len=4096, "
+        "recompute='full').total_bytes")
+    # inference (seed 000 §一)
+    inf = estimate_inference("llama-7b", batch_size=8, seq_len=2048)
+    put("inf7_w", _gb(inf.weights_bytes), "estimate_inference('llama-7b', batch_size=8, seq_len=2048).weights_bytes")
+    put("inf7_kv", _gb(inf.kv_cache_bytes, 2), "… .kv_cache_bytes")
+    put("inf7_total", _gb(inf.total_bytes), "… .total_bytes")
+    put("inf7_total_gib", _gib(inf.total_bytes), "… .total_bytes / 2**30")
+    for fmt in ("int8", "int4", "nf4"):
+        w = estimate_inference("llama-7b", weights=fmt).weights_bytes
+        put(f"inf7_{fmt}", _gb(w), f"estimate_inference('llama-7b', weights='{fmt}').weights_bytes")
+        put(f"save7_{fmt}", f"{100 * (1 - w / inf.weights_bytes):.0f} %", f"1 − {fmt} weights / fp16 weights")
+    put("bpp_int4", f"{WEIGHT_FORMATS['int4']:.4f}", "WEIGHT_FORMATS['int4'] (0.5 + fp32 absmax per 64)")
+    put("bpp_nf4", f"{WEIGHT_FORMATS['nf4']:.4f}", "WEIGHT_FORMATS['nf4'] (double-quantized constants)")
+    kv8 = estimate_inference("llama-3-8b", batch_size=8, seq_len=2048).kv_cache_bytes
+    put("kv_l38b", _gb(kv8, 2), "estimate_inference('llama-3-8b', batch_size=8, seq_len=2048).kv_cache_bytes")
+    kv8fp8 = estimate_inference("llama-7b", batch_size=8, seq_len=2048, kv_dtype="fp8").kv_cache_bytes
+    put("kv7_fp8", _gb(kv8fp8, 2), "estimate_inference('llama-7b', batch_size=8, seq_len=2048, kv_dtype='fp8')")
+    kv70 = estimate_inference("llama-2-70b", batch_size=1, seq_len=4096).kv_cache_bytes
+    put("kv70", _gb(kv70, 2), "estimate_inference('llama-2-70b', batch_size=1, seq_len=4096).kv_cache_bytes")
+    c70 = load_config("llama-2-70b")
+    put("kv70_mha", _gb(kv70 * c70.num_heads // c70.num_kv_heads, 2), "the same with 64 KV heads (no GQA)")
+    # max batch, llama-2-13b fp16 on 80 GB at 4096 tokens
+    w13 = estimate_inference("llama-2-13b", batch_size=1, seq_len=4096)
+    put("w13", _gb(w13.weights_bytes), "estimate_inference('llama-2-13b').weights_bytes")
+    put("kv13_per_seq", _gb(w13.kv_cache_bytes, 2), "estimate_inference('llama-2-13b', seq_len=4096).kv_cache_bytes")
+    put("maxbatch13", str(int((80 * GB - w13.weights_bytes) // w13.kv_cache_bytes)),
+        "⌊(80 GB − weights) / KV per sequence⌋")
+    # activations and recomputation, LLaMA-7B, batch 1 × 4096
+    for rec in ("none", "selective", "full"):
+        for att in ("sdpa", "eager"):
+            a = estimate_training("llama-7b", batch_size=1, seq_len=4096, recompute=rec, attention=att)
+            put(f"act1_{rec}_{att}", _gb(a.activations_bytes or 0),
+                f"estimate_training('llama-7b', batch_size=1, seq_len=4096, recompute='{rec}', "
+                f"attention='{att}').activations_bytes")
+    # ZeRO, 7B over 8 GPUs
+    for z in range(4):
+        e = estimate_training(params=p7, zero_stage=z, num_gpus=8)
+        put(f"zero{z}_7b", _gb(e.total_bytes), f"estimate_training(params={p7}, zero_stage={z}, num_gpus=8)")
+    p70 = count_params("llama-2-70b").params
+    put("p70", f"{p70 / 1e9:.1f} B", "count_params('llama-2-70b').params")
+    n70 = next(k for k in range(1, 4097) if estimate_training(params=p70, zero_stage=3, num_gpus=k).total_bytes
+               <= 80 * GB)
+    put("n70_z3", str(n70), "smallest num_gpus with estimate_training(params=Φ70, zero_stage=3) ≤ 80 GB")
+    put("states70_z3_16", _gb(estimate_training(params=p70, zero_stage=3, num_gpus=16).total_bytes),
+        "estimate_training(params=Φ70, zero_stage=3, num_gpus=16)")
+    # optimizers
+    o = estimate_training("llama-7b", optimizer="adamw").optimizer_bytes
+    o8 = estimate_training("llama-7b", optimizer="adamw-8bit").optimizer_bytes
+    put("opt7_adamw", _gb(o), "estimate_training('llama-7b', optimizer='adamw').optimizer_bytes")
+    put("opt7_8bit", _gb(o8), "estimate_training('llama-7b', optimizer='adamw-8bit').optimizer_bytes")
+    put("moments7_save", _gb(o - o8), "difference of the two")
+    st8 = estimate_training("llama-7b", optimizer="adamw-8bit")
+    put("states7_8bit", _gb(st8.model_states_bytes), "estimate_training('llama-7b', optimizer='adamw-8bit')"
+        ".model_states_bytes")
+    for rec in ("none", "full"):
+        e = estimate_training("llama-7b", batch_size=1, seq_len=4096, optimizer="adamw-8bit", recompute=rec)
+        put(f"single7_8bit_{rec}", _gb(e.total_bytes), f"estimate_training('llama-7b', batch_size=1, seq_len=4096, "
+            f"optimizer='adamw-8bit', recompute='{rec}').total_bytes")
+    put("bpp_8bit", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit'))")
+    put("bpp_sgd", f"{sum(state_bytes_per_param('bf16-mixed', 'sgd')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'sgd'))")
+    put("bpp_sgdm", f"{sum(state_bytes_per_param('bf16-mixed', 'sgd-momentum')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'sgd-momentum'))")
+    put("bpp_adam", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'adamw'))")
+    # offloading (ZeRO-Offload: fp16 params on GPU; gradients, master weights and moments on CPU)
+    put("off7_gpu", _gb(2 * p7), "2Φ (16-bit weights), Φ = count_params('llama-7b').params")
+    put("off7_cpu", _gb(14 * p7), "14Φ (16-bit gradients + fp32 master, m, v)")
+    put("off7_pcie", f"{4 * p7 / 25e9:.1f} s", "4Φ bytes (gradients down, weights up) / 25 GB/s")
+    # LoRA / QLoRA
+    for tgt in ("attn", "all"):
+        lp = _lora_params("llama-7b", 16, tgt)
+        put(f"lora7_{tgt}", f"{lp / 1e6:.1f} M", f"r·(d_in + d_out) per adapted matrix, r = 16, targets={tgt}")
+        put(f"lora7_{tgt}_pct", f"{100 * lp / p7:.2f} %", "LoRA params / count_params('llama-7b').params")
+    lp = _lora_params("llama-7b", 16, "all")
+    put("lora7_states", _gb(16 * lp, 2), "16 bytes × LoRA params (bf16 weight and grad, fp32 master, m, v)")
+    lp70 = _lora_params("llama-2-70b", 16, "all")
+    put("lora70_all", f"{lp70 / 1e6:.0f} M", "r·(d_in + d_out) per linear layer of llama-2-70b, r = 16")
+    put("lora70_states", _gb(16 * lp70, 1), "16 bytes × LoRA params (bf16 weight and grad, fp32 master, m, v)")
+    put("lora7_frozen", _gb(2 * p7), "2Φ: frozen bf16 base weights")
+    put("qlora65_w", _gb(65e9 * weight_bytes_per_param("nf4")), "65e9 × WEIGHT_FORMATS['nf4']")
+    put("qlora70_w", _gb(estimate_inference("llama-2-70b", weights="nf4").weights_bytes),
+        "estimate_inference('llama-2-70b', weights='nf4').weights_bytes")
+    put("dq65_save", _gb(65e9 * (WEIGHT_FORMATS["int4"] - WEIGHT_FORMATS["nf4"])),
+        "65e9 × (0.5 − 0.127) bits / 8: constants without vs with double quantization")
+    put("fp16_65", _gb(65e9 * 2, 0), "65e9 × 2 bytes")
+    # attention matrix, LLaMA-7B at 8192 tokens, fp16
+    c7 = load_config("llama-7b")
+    head = 8192 * 8192 * 2
+    put("attn_head", f"{head / MiB:.0f} MiB ({head / MB:.1f} MB)", "8192² × 2 bytes")
+    put("attn_layer", _gib(head * c7.num_heads, 0), "× 32 heads")
+    put("attn_model", _gib(head * c7.num_heads * c7.num_layers, 0), "× 32 heads × 32 layers")
+    # the seed's 7B recipe: batch 4 per GPU, accumulation 4, 8 GPUs; sequence 2048 assumed
+    r = estimate_training("llama-7b", batch_size=4, seq_len=2048, zero_stage=2, num_gpus=8, recompute="full")
+    rn = estimate_training("llama-7b", batch_size=4, seq_len=2048, zero_stage=2, num_gpus=8, recompute="none")
+    put("recipe7", _gb(r.total_bytes), "estimate_training('llama-7b', batch_size=4, seq_len=2048, zero_stage=2, "
+        "num_gpus=8, recompute='full')")
+    put("recipe7_nock", _gb(rn.total_bytes), "… recompute='none'")
+    put("recipe7_batch", str(4 * 4 * 8), "4 × 4 × 8")
+    # MFU
+    put("mfu7", f"{100 * 6 * p7 * 3000 / 312e12:.1f} %", "6 · Φ · 3000 tokens/s / 312e12 FLOP/s")
+    put("mfu_seed", f"{100 * 100 / 312:.0f} %", "100 / 312")
+    # checkpointing every √L layers
+    L = c7.num_layers
+    k = round(math.sqrt(L))
+    put("sqrt_k", str(k), f"round(√{L})")
+    put("sqrt_units", f"{math.ceil(L / k) + k}", f"⌈{L}/{k}⌉ checkpoints + {k} live layers")
+    return n
+
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+# --------------------------------------------------------------------------------------------------------
+# The question bank
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Question:
+    """One interview question with its model answer. Introduced in the Drills part.
+
+    Attributes:
+        id: stable identifier (``"s000-top-1"`` for seed questions, ``"b06-2"`` for the book's).
+        chapter: the chapter that proves the answer (see :data:`CHAPTERS`).
+        difficulty: ``"E"`` (easy), ``"M"`` (medium) or ``"H"`` (hard).
+        topic: a short topic tag (``"ZeRO"``).
+        text: the question in English (a translation for seed questions).
+        answer: the model answer in MyST Markdown; ``{{name}}`` placeholders are numbers from
+            :func:`answer_numbers`.
+        source: ``"seed 000 top"``, ``"seed 000 §八"``, ``"seed 004"`` or ``"book"``.
+        text_zh: the original Chinese wording, for seed questions ("" for the book's own).
+    """
+
+    id: str
+    chapter: int
+    difficulty: str
+    topic: str
+    text: str
+    answer: str
+    source: str = "book"
+    text_zh: str = ""
+
+    def __post_init__(self) -> None:
+        check_choice("difficulty", self.difficulty, DIFFICULTIES)
+        check_choice("source", self.source, SOURCES)
+        check_choice("chapter", self.chapter, CHAPTERS)
+
+
+def _q(id: str, chapter: int, difficulty: str, topic: str, text: str, answer: str, source: str = "book",
+       text_zh: str = "") -> Question:
+    return Question(id, chapter, difficulty, topic, " ".join(text.split()), " ".join(answer.split()), source,
+                    text_zh)
+
+
+#: The 16 interview questions of the seed notes, verbatim (seed 000: 6 at the top and 4 in §八; seed 004: 6 at
+#: the end).
+SEED_QUESTIONS_ZH: tuple[str, ...] = (
+    "训练一个模型需要多少显存？怎么计算？",
+    "梯度检查点（Gradient Checkpointing）牺牲了什么换显存？",
+    "FP16 和 BF16 的区别，训练时用哪个？",
+    "为什么 Adam 优化器比 SGD 占更多显存？",
+    "ZeRO 的三个阶段分别分片什么？",
+    "Flash Attention 如何节省显存？",
+    "为什么 Adam 比 SGD 多占 3 倍显存？",
+    "梯度检查点一定选每隔一层保存吗？",
+    "显存不够训练时，优先用哪个优化手段？",
+    "FSDP 和 ZeRO-3 是什么关系？",
+    "如何估算一个nB大模型推理和训练分别需要多少显存？",
+    "Gradient Checkpointing 的原理是什么？它是如何节省显存的？",
+    "梯度累积 (Gradient Accumulation) 的作用是什么？",
+    "什么是Offloading？有什么优缺点？",
+    "为什么量化能节省显存？INT4量化能节省多少显存？",
+    "LoRA为什么能大幅减少显存占用？",
+)
+
+_T, _S8, _S4 = "seed 000 top", "seed 000 §八", "seed 004"
+
+QUESTIONS: tuple[Question, ...] = (
+    # ---------------------------------------------------------------- seed 000, the six at the top
+    _q("s000-top-1", 1, "M", "training memory", "How much GPU memory does training a model need, and how do you "
+       "compute it?", """
+       Add the five consumers. Model states with mixed-precision AdamW are 16 bytes per parameter: 2 (16-bit
+       weights) + 2 (16-bit gradients) + 12 (fp32 master weights, m, v). LLaMA-7B has {{p7}} parameters, so
+       16Φ = {{states7}} (the seed's 16 × 7e9 = {{states7_seed}} rounds Φ up). Then activations, which grow
+       with batch × sequence × layers and depend on the attention kernel: at batch 4 × 4096 tokens LLaMA-7B
+       saves {{act7_sdpa}} with SDPA/FlashAttention and {{act7_eager}} with eager attention. Then temporaries
+       (the loss's fp32 logits, the optimizer step's buffers). memlib's estimate of the peak is {{peak7_sdpa}}
+       (SDPA), checked within 3 % against a traced step — not the seed's 150–170 GB. Recomputation brings it to
+       {{peak7_full}}.""", _T, SEED_QUESTIONS_ZH[0]),
+    _q("s000-top-2", 4, "E", "checkpointing", "What does gradient checkpointing give up in exchange for memory?",
+       """
+       Compute. Only some activations (the checkpoints, e.g. each block's input) are kept in the forward
+       pass; the rest are recomputed from the nearest checkpoint during the backward pass — roughly one extra
+       forward pass, about a third more compute for a training step (forward ≈ 1/3 of forward + backward).
+       Nothing else changes: the gradients are bit-for-bit the same up to non-deterministic kernels. For
+       LLaMA-7B at batch 1 × 4096 with SDPA, full recomputation cuts saved activations from
+       {{act1_none_sdpa}} to {{act1_full_sdpa}}.""", _T, SEED_QUESTIONS_ZH[1]),
+    _q("s000-top-3", 2, "E", "formats", "FP16 vs BF16: what is the difference, and which one do you train with?",
+       """
+       Both are 16 bits. FP16 is 1 + 5 + 10 (sign, exponent, mantissa): range ≈ 6 × 10⁻⁸ (subnormal) to 65504,
+       3.3 decimal digits. BF16 is 1 + 8 + 7: FP32's exponent, so FP32's range (10⁻³⁸ … 3 × 10³⁸), 2.4 digits.
+       Train in BF16 where the hardware has it (A100, H100, TPU): no overflow, no gradient underflow, no loss
+       scaling. FP16 (V100, T4) needs dynamic loss scaling. Either way, master weights stay in FP32
+       (Chapter 3).""", _T, SEED_QUESTIONS_ZH[2]),
+    _q("s000-top-4", 1, "E", "optimizers", "Why does the Adam optimizer take more GPU memory than SGD?", """
+       Adam keeps two moments per parameter, m and v, in fp32: 8 bytes/param. Plain SGD keeps none, SGD with
+       momentum one (4 bytes). With mixed precision both also keep the fp32 master weights (4 bytes), so model
+       states are {{bpp_sgd}} bytes/param for SGD, {{bpp_sgdm}} with momentum and {{bpp_adam}} for Adam. For
+       LLaMA-7B Adam's optimizer states alone are {{opt7_adamw}}.""", _T, SEED_QUESTIONS_ZH[3]),
+    _q("s000-top-5", 6, "M", "ZeRO", "What does each of ZeRO's three stages shard?", """
+       Stage 1 shards the optimizer states (fp32 master weights, m, v) across the N data-parallel GPUs;
+       stage 2 also the gradients; stage 3 also the 16-bit parameters. Per GPU with mixed-precision Adam:
+       16Φ → 4Φ + 12Φ/N → 2Φ + 14Φ/N → 16Φ/N. (The seed's "4Φ + 14Φ/N" for ZeRO-2 is wrong: it is
+       2Φ + 14Φ/N.) A 7B model ({{p7}} params) over 8 GPUs: {{zero0_7b}}, {{zero1_7b}}, {{zero2_7b}},
+       {{zero3_7b}} of model states per GPU. Activations are not sharded by any stage.""", _T,
+       SEED_QUESTIONS_ZH[4]),
+    _q("s000-top-6", 10, "M", "FlashAttention", "How does FlashAttention save memory?", """
+       It never stores the N×N scores or probabilities. Q, K, V are processed in tiles in on-chip SRAM with an
+       online softmax (running max and normalizer per row), so only the output and one log-sum-exp per row go
+       to HBM; the backward pass recomputes each probability tile from them. Memory goes from O(N²) to O(N) per
+       head: for LLaMA-7B at 8192 tokens in fp16 one N×N matrix is {{attn_head}} per head, {{attn_layer}} per
+       layer and {{attn_model}} for the 32 layers, per sample — all avoided.""", _T, SEED_QUESTIONS_ZH[5]),
+    # ---------------------------------------------------------------- seed 000 §八
+    _q("s000-8-1", 1, "M", "optimizers", "Why does Adam take 3 times more memory than SGD?", """
+       The "3×" compares Adam's 12 bytes/param of optimizer state (fp32 master 4 + m 4 + v 4) with a 4-byte fp32
+       parameter. Against the 2-byte working weights of mixed precision it is 6×, and against SGD's total it is
+       {{bpp_adam}} vs {{bpp_sgd}} bytes/param of model states (2×), or vs {{bpp_sgdm}} for SGD with momentum.
+       Adam's extra is m and v, 8 bytes/param ({{moments7_save}} of it can be saved with 8-bit states for
+       LLaMA-7B); that is why ZeRO-1 shards the optimizer states first.""", _S8, SEED_QUESTIONS_ZH[6]),
+    _q("s000-8-2", 4, "H", "checkpointing", "Must gradient checkpointing save every other layer?", """
+       No. Chen et al.'s scheme keeps a checkpoint every k layers and recomputes one segment at a time:
+       memory ≈ L/k stored segment inputs + one k-layer segment's activations, minimal at k ≈ √L — for L = 32,
+       k = {{sqrt_k}}: at most {{sqrt_units}} layer-sized units (counting a checkpoint as a whole layer's
+       activations, the pessimistic case) instead of 32 — for one extra forward pass. In practice frameworks
+       checkpoint every transformer block (keep each block's input, recompute its inside): simple, and the
+       saved inputs are small. Megatron's selective recomputation recomputes only the attention core (the s²
+       terms). With FlashAttention there is no s² term left, so selective recomputation saves almost nothing
+       (LLaMA-7B, batch 1 × 4096: {{act1_selective_sdpa}} vs {{act1_none_sdpa}}), while with eager attention it
+       saves most of it ({{act1_selective_eager}} vs {{act1_none_eager}}).""", _S8, SEED_QUESTIONS_ZH[7]),
+    _q("s000-8-3", 13, "M", "strategy", "When memory is short for training, which technique do you reach for "
+       "first?", """
+       The cheapest first: BF16 mixed precision and FlashAttention (free, often faster); gradient accumulation
+       (keeps the effective batch while shrinking the micro-batch); activation checkpointing (~+33 % compute);
+       ZeRO-2 across GPUs (no extra communication); 8-bit Adam (m, v in 8 bits); ZeRO-3/FSDP (+50 % communication);
+       LoRA/QLoRA (changes what is trained); CPU/NVMe offload (slowest). But first find the bottleneck: if
+       activations dominate (long sequences), checkpointing and FlashAttention help and ZeRO does not; if the
+       model states dominate, sharding and 8-bit states help and checkpointing does not.""", _S8,
+       SEED_QUESTIONS_ZH[8]),
+    _q("s000-8-4", 6, "M", "FSDP", "What is the relationship between FSDP and ZeRO-3?", """
+       The same idea — shard parameters, gradients and optimizer states across data-parallel ranks, all-gather
+       each layer's parameters just before use, reduce-scatter its gradients — in two implementations. FSDP is
+       PyTorch's native one (FSDP2's per-parameter DTensor sharding composes with torch.compile and tensor
+       parallelism); ZeRO-3 is DeepSpeed's, with Offload/Infinity extensions. FSDP's `SHARD_GRAD_OP` strategy
+       corresponds to ZeRO-2 and `NO_SHARD` to DDP. Memory per GPU for model states is 16Φ/N in both.""", _S8,
+       SEED_QUESTIONS_ZH[9]),
+    # ---------------------------------------------------------------- seed 004, the six at the end
+    _q("s004-1", 1, "E", "rules of thumb", "How do you estimate how much GPU memory an nB-parameter model needs "
+       "for inference and for training?", """
+       Inference in fp16/bf16: 2n GB of weights plus the KV cache (2 · layers · kv_heads · head_dim · tokens ·
+       2 bytes: {{inf7_kv}} for LLaMA-7B at batch 8 × 2048) plus workspace. Training with mixed-precision Adam:
+       16n GB of model states (20n GB if gradients are also accumulated in fp32) plus activations, which are
+       often as large again: LLaMA-7B at batch 4 × 4096 peaks near {{peak7_sdpa}}.""", _S4,
+       SEED_QUESTIONS_ZH[10]),
+    _q("s004-2", 4, "M", "checkpointing", "What is the principle of gradient checkpointing, and how does it save "
+       "memory?", """
+       Backward needs the forward's intermediate activations. Checkpointing keeps only some of them (e.g. each
+       transformer block's input) and drops the rest; during the backward pass each block's forward is run again
+       from its checkpoint to rebuild its activations, just before they are needed, then freed. Memory drops from
+       all layers' activations to the checkpoints plus one layer's activations: LLaMA-7B at batch 1 × 4096,
+       {{act1_none_sdpa}} → {{act1_full_sdpa}}, at about a third more compute. (Seed 004's "saves about 30–50 %"
+       understates full recomputation.)""", _S4, SEED_QUESTIONS_ZH[11]),
+    _q("s004-3", 5, "E", "accumulation", "What is gradient accumulation for?", """
+       Training with a large effective batch on a small memory budget: run k micro-batches forward and
+       backward, summing their gradients (loss divided by k), and step the optimizer once. The effective batch is
+       micro-batch × k × data-parallel GPUs; activation memory depends only on the micro-batch. It costs no
+       memory beyond the gradient buffer (which exists anyway) and little speed, but it does not make any step
+       faster: k micro-steps take k times as long.""", _S4, SEED_QUESTIONS_ZH[12]),
+    _q("s004-4", 7, "M", "offloading", "What is offloading, and what are its pros and cons?", """
+       Moving model states out of GPU memory — to CPU RAM (ZeRO-Offload) or NVMe (ZeRO-Infinity) — and moving
+       them back, or computing on the CPU, when needed. ZeRO-Offload keeps the 16-bit weights on the GPU
+       ({{off7_gpu}} for LLaMA-7B) and puts gradients, fp32 master weights, m and v in CPU memory
+       ({{off7_cpu}}), where the CPU runs the Adam step. Pro: a single GPU trains models several times larger.
+       Con: every step moves gradients down and weights up over PCIe — 4Φ bytes, {{off7_pcie}} at 25 GB/s for
+       7B — and the CPU's Adam is slow; overlap hides part of it, large batches amortize it.""", _S4,
+       SEED_QUESTIONS_ZH[13]),
+    _q("s004-5", 11, "M", "quantization", "Why does quantization save memory? How much does INT4 quantization "
+       "save?", """
+       Memory is elements × bytes per element: storing weights in 8 or 4 bits instead of 16 halves or quarters
+       them, plus small per-block scale factors. LLaMA-7B's fp16 weights are {{inf7_w}}; INT8 {{inf7_int8}}
+       ({{save7_int8}} less), INT4 with an fp32 scale per 64 weights ({{bpp_int4}} bytes/param) {{inf7_int4}}
+       ({{save7_int4}} less), NF4 with double quantization {{inf7_nf4}} ({{save7_nf4}} less; embeddings and
+       norms stay 16-bit). So "INT4 saves 75 %" is the limit, not the result. Weight quantization does not
+       shrink the KV cache or the activations.""", _S4, SEED_QUESTIONS_ZH[14]),
+    _q("s004-6", 9, "M", "LoRA", "Why does LoRA reduce GPU memory so much?", """
+       Because the base weights are frozen: no gradients and no optimizer states for them, only their 16-bit
+       copy (2Φ = {{lora7_frozen}} for LLaMA-7B instead of 16Φ = {{states7}}). The trainable low-rank matrices
+       B·A (r·(d_in + d_out) per adapted matrix) are tiny: r = 16 on all linear layers of LLaMA-7B is
+       {{lora7_all}} parameters ({{lora7_all_pct}} of the model), whose states take {{lora7_states}}. Activations
+       are not reduced (they still flow through the frozen layers), so checkpointing still matters; QLoRA
+       shrinks the frozen weights further to 4 bits.""", _S4, SEED_QUESTIONS_ZH[15]),
+    # ---------------------------------------------------------------- Chapter 1
+    _q("b01-1", 1, "E", "inference", "LLaMA-7B in fp16 serves batch 8 at 2048 tokens. How much memory do the "
+       "weights and the KV cache take?", """
+       Weights {{inf7_w}} (2 bytes × {{p7}}); KV cache 2 × 32 layers × 32 heads × 128 × 2048 × 8 × 2 bytes =
+       {{inf7_kv}}; total {{inf7_total}} = {{inf7_total_gib}}, before workspace and the CUDA context. It barely
+       fits a 24 GiB card — an RTX 3090 as much as a 4090 (both 24 GiB).""", text_zh=""),
+    _q("b01-2", 1, "M", "activations", "What do activations scale with, and how large are they for LLaMA-7B at "
+       "batch 4 × 4096?", """
+       Linearly with batch, sequence and layers (and hidden/MLP width); with eager attention also with
+       heads × sequence² per layer. memlib's term-by-term count gives {{act7_sdpa}} with SDPA/FlashAttention and
+       {{act7_eager}} with eager attention (fp32 and 16-bit softmax probabilities kept), for estimated peaks of
+       {{peak7_sdpa}} and {{peak7_eager}} — the model states are {{states7}}.""", text_zh=""),
+    _q("b01-3", 1, "H", "peak", "Where in a training step is memory at its peak?", """
+       Usually at the start of the backward pass: all activations are still saved, the loss adds fp32 logits
+       gradients (4·b·s·V bytes), and gradients start to accumulate as activations are freed. With little
+       activation memory (small batch, recomputation) the peak moves to the optimizer step, where all gradients
+       exist and `torch.optim.AdamW`'s multi-tensor path allocates a buffer the size of v for √v. memlib's
+       `estimate_training` reports which one as `peak_phase`.""", text_zh=""),
+    _q("b01-4", 1, "E", "units", "A card is sold as \"24 GB\" and `nvidia-smi` shows 24564 MiB. How many GB "
+       "(10⁹ bytes) is that?", """
+       24564 × 2²⁰ bytes = 25.76 GB (decimal) = 23.99 GiB. Papers and datasheets use GB = 10⁹, PyTorch and
+       nvidia-smi use MiB/GiB = 2²⁰/2³⁰: the same card is "24 GB" or "25.8 GB" depending on the unit. Always
+       say which; a 7 % difference decides whether a job fits.""", text_zh=""),
+    _q("b01-5", 1, "M", "KV cache", "Llama-3-8B is larger than LLaMA-7B. Why is its KV cache at batch 8 × 2048 "
+       "four times smaller?", """
+       Grouped-query attention: 8 KV heads shared by 32 query heads. The cache is 2 · L · n_kv · d_head · s · b ·
+       bytes, so it shrinks by n_heads / n_kv = 4: {{kv_l38b}} against {{inf7_kv}} for LLaMA-7B's 32 KV
+       heads.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 2
+    _q("b02-1", 2, "E", "formats", "How many bytes per element do fp32, fp16, bf16, fp8 and int4 take?", """
+       4, 2, 2, 1 and 0.5 (two int4 values packed per byte), before any quantization constants.""",
+       text_zh=""),
+    _q("b02-2", 2, "M", "formats", "What is the smallest positive fp16 number, and what happens to 1e-9 in "
+       "fp16?", """
+       2⁻²⁴ ≈ 5.96 × 10⁻⁸, a subnormal (the smallest normal is 2⁻¹⁴ ≈ 6.1 × 10⁻⁵). Values below 2⁻²⁵ round to 0,
+       so 1e-9 becomes 0 — the reason small fp16 gradients vanish without loss scaling.""", text_zh=""),
+    _q("b02-3", 2, "H", "FP8", "Why are there two FP8 formats, and where is each used?", """
+       Eight bits cannot buy both range and precision. E4M3 (3 mantissa bits, max 448, no inf) is used for
+       weights and activations; E5M2 (2 mantissa bits, max 57344) for gradients, which spread over more
+       binades. Both need a scale per tensor (or per block).""", text_zh=""),
+    _q("b02-4", 2, "M", "precision", "How large is the relative rounding error of a cast to fp16 and to bf16?",
+       """
+       At most half a unit in the last place: 2⁻¹¹ ≈ 4.9 × 10⁻⁴ for fp16 (10 mantissa bits) and 2⁻⁸ ≈ 3.9 × 10⁻³
+       for bf16 (7 bits), for normal numbers; about 3.3 and 2.4 decimal digits.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 3
+    _q("b03-1", 3, "M", "master weights", "Why does mixed-precision training keep fp32 master weights?", """
+       A 16-bit weight ignores any update smaller than half its ulp — relative 2⁻¹¹ in fp16, 2⁻⁸ in bf16 — and
+       late in training most lr × grad are that small, so pure 16-bit training stalls. Applying the update to an
+       fp32 copy keeps it; the 16-bit weights are re-rounded from it each step. The threshold is relative to the
+       weight, not fp16's smallest number.""", text_zh=""),
+    _q("b03-2", 3, "M", "loss scaling", "What does dynamic loss scaling do on a step whose gradients overflow?",
+       """
+       `GradScaler` multiplies the loss by S before backward. `scaler.step` unscales the gradients, finds
+       inf/NaN and skips `optimizer.step()`; `scaler.update` halves S. After 2000 clean steps it doubles S. So S
+       settles just below the overflow point, at the cost of an occasional skipped step.""", text_zh=""),
+    _q("b03-3", 3, "E", "loss scaling", "Does bf16 training need loss scaling?", """
+       Normally no: bf16 has fp32's 8 exponent bits (smallest normal ≈ 1.2 × 10⁻³⁸), so gradients do not
+       underflow. Only fp16's 5-bit exponent makes scaling necessary.""", text_zh=""),
+    _q("b03-4", 3, "H", "AMP memory", "PyTorch AMP keeps fp32 weights and fp32 gradients. Is that still 16 bytes "
+       "per parameter with Adam?", """
+       Yes, differently split: 4 (fp32 weights) + 4 (fp32 grads) + 8 (m, v) = 16, versus ZeRO's 2 + 2 + 12. On top,
+       autocast caches a 16-bit copy of each matmul weight during forward and backward (2 bytes/param): about
+       18 bytes/param at the peak. For 7B: {{states7}} of states plus up to 14 GB of copies, before
+       activations.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 4
+    _q("b04-1", 4, "M", "recomputation", "For LLaMA-7B at batch 1 × 4096 with SDPA, how much activation memory "
+       "do no, selective and full recomputation save?", """
+       memlib: {{act1_none_sdpa}} with none, {{act1_selective_sdpa}} with selective (only the log-sum-exp is left
+       to recompute under SDPA), {{act1_full_sdpa}} with full recomputation (each layer's input, plus the
+       per-model terms such as the fp32 log-softmax) — {{act1_full_eager}} with eager attention too, since
+       only layer inputs are kept.""", text_zh=""),
+    _q("b04-2", 4, "M", "selective recomputation", "What does Megatron's selective recomputation recompute, and "
+       "why that part?", """
+       The attention core: scores, softmax, dropout and the probabilities × V — the terms that grow with
+       a·s² (5as/h of Korthikanti's 34 + 5as/h per token and hidden unit) but cost few FLOPs to redo. With eager
+       attention on LLaMA-7B at 4096 tokens that is {{act1_none_eager}} → {{act1_selective_eager}}; with
+       FlashAttention the s² terms are already gone.""", text_zh=""),
+    _q("b04-3", 4, "E", "checkpointing", "Does gradient checkpointing reduce the memory of parameters, gradients "
+       "or optimizer states?", """
+       No — only activations. If model states are the bottleneck (e.g. 16Φ = {{states7}} for 7B on one 80 GB
+       GPU) checkpointing cannot make it fit; that needs sharding (ZeRO), 8-bit states, LoRA or offloading.""",
+       text_zh=""),
+    _q("b04-4", 4, "H", "recompute cost", "Why does full recomputation cost about 33 % more compute, not 100 %?",
+       """
+       A training step is forward (≈ 2 FLOPs per parameter per token) plus backward (≈ 4): 6 in all.
+       Recomputation re-runs the forward once more: 8/6 ≈ 1.33×. Selective recomputation re-runs only the
+       attention core, a few percent.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 5
+    _q("b05-1", 5, "E", "effective batch", "Batch 4 per GPU, 4 accumulation steps, 8 GPUs: what is the "
+       "effective batch?", """
+       4 × 4 × 8 = {{recipe7_batch}} sequences per optimizer step (seed 000's recipe says 128: right).""",
+       text_zh=""),
+    _q("b05-2", 5, "M", "accumulation", "Why divide the loss by the number of accumulation steps?", """
+       Gradients add up across backward calls. With a mean loss per micro-batch, summing k micro-batch gradients
+       gives k times the full-batch mean gradient; dividing each loss by k makes the accumulated gradient equal
+       the big batch's (for equal-sized micro-batches). Otherwise the effective learning rate is k× larger.""",
+       text_zh=""),
+    _q("b05-3", 5, "M", "no_sync", "With DDP, what does `model.no_sync()` do during gradient accumulation, and "
+       "does it save memory?", """
+       It skips DDP's gradient all-reduce on the micro-steps that do not end in an optimizer step, so gradients
+       are reduced once per step instead of k times: it saves communication (k−1 of every k gradient
+       all-reduces), not memory. Local gradients keep accumulating in the usual gradient buffers.""", text_zh=""),
+    _q("b05-4", 5, "H", "accumulation", "Is gradient accumulation exactly equivalent to a k-times larger batch?",
+       """
+       For losses that are means over independent samples, yes up to floating-point summation order. Not for
+       BatchNorm (statistics per micro-batch), nor for token-level losses whose micro-batches have different
+       numbers of tokens (dividing by k weights tokens unequally — normalize by the total token count instead).
+       Memory: peak depends on the micro-batch only.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 6
+    _q("b06-1", 6, "M", "ZeRO", "How much does ZeRO-1/2/3 communicate compared with DDP?", """
+       DDP all-reduces gradients: 2Φ elements per step (reduce-scatter + all-gather). ZeRO-1 and ZeRO-2 do the
+       same volume (reduce-scatter the gradients, all-gather the updated parameters). ZeRO-3 all-gathers
+       parameters in the forward and again in the backward, plus the reduce-scatter: 3Φ, 1.5× DDP.""",
+       text_zh=""),
+    _q("b06-2", 6, "H", "ZeRO", "How many GPUs of 80 GB does Llama-2-70B need for its model states alone under "
+       "ZeRO-3 with mixed-precision Adam?", """
+       Φ = {{p70}}, 16Φ/N ≤ 80 GB → N ≥ {{n70_z3}}. In practice 16 (2 nodes of 8): {{states70_z3_16}} per GPU, the
+       rest for activations, gathered layers and buffers.""", text_zh=""),
+    _q("b06-3", 6, "M", "ZeRO", "What does ZeRO not shard?", """
+       Activations, temporary buffers and (in stage 3) the fully gathered parameters of the layer being computed.
+       Activations are reduced by recomputation, sequence/context parallelism or smaller micro-batches; ZeRO-R
+       (partitioned activation checkpoints, constant-size buffers) handles the residual memory.""", text_zh=""),
+    _q("b06-4", 6, "E", "ZeRO", "What is the per-GPU model-state memory of a 7B model on 8 GPUs with plain DDP "
+       "and with ZeRO-3?", """
+       DDP replicates everything: {{zero0_7b}} per GPU; ZeRO-3 shards it: {{zero3_7b}} per GPU (16Φ/8).""",
+       text_zh=""),
+    # ---------------------------------------------------------------- Chapter 7
+    _q("b07-1", 7, "M", "ZeRO-Offload", "In ZeRO-Offload, what stays on the GPU and what goes to the CPU?", """
+       GPU: the 16-bit parameters and the forward/backward computation (with activations). CPU: the gradients
+       (streamed down during backward), the fp32 master weights, m and v, and the Adam step itself; updated
+       16-bit weights are copied back. LLaMA-7B: {{off7_gpu}} on the GPU, {{off7_cpu}} on the CPU.""",
+       text_zh=""),
+    _q("b07-2", 7, "H", "offload cost", "What limits the speed of CPU offloading?", """
+       PCIe bandwidth and the CPU's Adam throughput. Each step moves gradients down and weights up: 4Φ bytes,
+       {{off7_pcie}} per step for 7B at 25 GB/s (PCIe 4.0 ×16 in practice), and the CPU's Adam step reads and
+       writes the 12 bytes/param of fp32 states. Overlapping transfers with backward and a larger batch per step
+       amortize it; ZeRO-Offload's one-step delayed update hides the CPU step at small batch.""", text_zh=""),
+    _q("b07-3", 7, "M", "ZeRO-Infinity", "When does ZeRO-Infinity (NVMe offload) make sense?", """
+       When model states exceed even CPU memory: parameters and optimizer states go to NVMe, read back in
+       chunks. NVMe reads at a few GB/s per drive, an order of magnitude below PCIe to CPU RAM, so it suits
+       experiments with very large models on few GPUs, not fast training.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 8
+    _q("b08-1", 8, "E", "8-bit Adam", "How much does 8-bit Adam save on LLaMA-7B?", """
+       m and v go from 4 + 4 to 1 + 1 bytes/param (plus one fp32 absmax per block). memlib: optimizer states
+       {{opt7_adamw}} → {{opt7_8bit}}, saving {{moments7_save}}; the fp32 master weights stay. Model states per
+       parameter: {{bpp_adam}} → {{bpp_8bit}} bytes.""", text_zh=""),
+    _q("b08-2", 8, "M", "block-wise quantization", "Why do 8-bit optimizers quantize in blocks?", """
+       One scale per tensor lets a single outlier stretch the range and crush every other value to a few levels.
+       With one absmax per block (2048 elements in the paper; bitsandbytes uses 256), an outlier only affects
+       its block, and blocks are quantized independently in parallel. Dynamic (non-linear) 8-bit codes keep
+       precision for small values.""", text_zh=""),
+    _q("b08-3", 8, "M", "8-bit Adam", "Which tensors does bitsandbytes keep in 32-bit states, and why?", """
+       Tensors with fewer than 4096 elements (`min_8bit_size`): norms and biases. They are a tiny share of the
+       parameters but sensitive; memlib's estimate counts them at 32-bit (via `count_params(...)
+       .small_tensor_params`). The paper also recommends a stable embedding layer.""", text_zh=""),
+    _q("b08-4", 8, "H", "8-bit Adam", "The seed says 8-bit Adam saves 75 % of optimizer memory. Is that right "
+       "for mixed-precision training?", """
+       For m and v, yes (8Φ → 2Φ). For the optimizer states as counted by ZeRO — with the fp32 master weights —
+       12Φ → 6Φ: half ({{opt7_adamw}} → {{opt7_8bit}} on LLaMA-7B), and the whole step goes from {{bpp_adam}} to
+       {{bpp_8bit}} bytes/param.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 9
+    _q("b09-1", 9, "M", "LoRA", "How many trainable parameters does LoRA r = 16 add to LLaMA-7B?", """
+       r·(d_in + d_out) per adapted matrix. On q, k, v, o: {{lora7_attn}} ({{lora7_attn_pct}}); on all seven
+       linear layers: {{lora7_all}} ({{lora7_all_pct}}).""", text_zh=""),
+    _q("b09-2", 9, "H", "QLoRA", "Can a 65B model be fine-tuned on one 48 GB GPU? How?", """
+       With QLoRA: the frozen base in NF4 with double quantization is {{qlora65_w}} (65e9 × {{bpp_nf4}} bytes;
+       {{qlora70_w}} for Llama-2-70B as built), against {{fp16_65}} in fp16. LoRA r = 16 on all linear layers adds {{lora70_all}}
+       parameters whose states (16 bytes each with mixed-precision Adam) take about {{lora70_states}} (Llama-2-70B
+       as the stand-in); gradient checkpointing keeps activations small; the paged optimizer absorbs
+       spikes by paging optimizer states to CPU memory. Tight but feasible, as the QLoRA paper did.""",
+       text_zh=""),
+    _q("b09-3", 9, "M", "double quantization", "What is QLoRA's double quantization, and what does it save?",
+       """
+       The quantization constants are quantized too: one fp32 absmax per 64 weights costs 0.5 bits/param; QLoRA
+       stores them in 8 bits with one fp32 constant per 256 blocks, 0.127 bits/param. For 65B that saves
+       {{dq65_save}}.""", text_zh=""),
+    _q("b09-4", 9, "E", "paged optimizer", "What does a paged optimizer do? Does it reduce memory?", """
+       Its states live in CUDA unified memory: when the GPU runs short (a long batch's activation spike), pages
+       are evicted to CPU RAM and brought back on demand. It does not shrink the states; it avoids
+       out-of-memory crashes at the price of transfer time when paging happens.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 10
+    _q("b10-1", 10, "M", "attention matrix", "A note says \"8192 × 8192 × 2 = 128 MB per layer\". What is wrong?",
+       """
+       8192² × 2 bytes = {{attn_head}} is one head of one sample. A LLaMA-7B layer has 32 heads: {{attn_layer}}
+       per layer and {{attn_model}} for 32 layers, per sample and per N×N matrix.""", text_zh=""),
+    _q("b10-2", 10, "M", "speed", "Why is FlashAttention faster although it recomputes attention in the backward "
+       "pass?", """
+       Standard attention is memory-bound: the N×N matrices go to and from HBM several times. FlashAttention's
+       HBM traffic is Θ(N²d²/M) instead of Θ(Nd + N²), and the extra matmul to rebuild P costs FLOPs the GPU has to
+       spare. Fusing everything into one kernel also removes launches and round trips.""", text_zh=""),
+    _q("b10-3", 10, "E", "exactness", "Is FlashAttention an approximation?", """
+       No: it computes exact attention in a different summation order; results match standard attention up to
+       floating-point reassociation (10⁻¹² relative in float64 in Chapter 10's tests).""", text_zh=""),
+    _q("b10-4", 10, "M", "online softmax", "What is online softmax?", """
+       Softmax in one pass over chunks, keeping a running max m, normalizer ℓ and unnormalized output o per row;
+       when the max grows to m', ℓ and o are rescaled by e^(m − m'). At the end o/ℓ is the output and m + log ℓ
+       the log-sum-exp saved for backward.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 11
+    _q("b11-1", 11, "M", "KV cache", "How large is Llama-2-70B's fp16 KV cache for one 4096-token sequence, and "
+       "what would it be without GQA?", """
+       2 × 80 layers × 8 KV heads × 128 × 4096 × 2 bytes = {{kv70}}; with 64 KV heads (plain multi-head
+       attention) it would be {{kv70_mha}}.""", text_zh=""),
+    _q("b11-2", 11, "M", "KV cache", "Does quantizing the weights to INT4 shrink the KV cache?", """
+       No: weights and KV cache are separate. The cache shrinks with a smaller KV dtype (fp8: LLaMA-7B at batch
+       8 × 2048 from {{inf7_kv}} to {{kv7_fp8}}), GQA/MQA, shorter contexts or paged allocation (vLLM's
+       PagedAttention avoids reserving the maximum length).""", text_zh=""),
+    _q("b11-3", 11, "H", "capacity", "Llama-2-13B in fp16 on one 80 GB GPU: how many 4096-token sequences fit "
+       "in the KV cache?", """
+       Weights {{w13}}, KV {{kv13_per_seq}} per 4096-token sequence → ⌊(80 GB − weights) / KV⌋ =
+       {{maxbatch13}}, before workspace and fragmentation (leave a few GB).""", text_zh=""),
+    _q("b11-4", 11, "E", "weights", "How much memory do LLaMA-7B's weights take in INT8?", """
+       {{inf7_int8}} — one byte per quantized weight, embeddings and norms kept in 16 bits — against {{inf7_w}}
+       in fp16.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 12
+    _q("b12-1", 12, "E", "utilization", "An A100 (312 TFLOP/s dense bf16) achieves 100 TFLOP/s. What is its "
+       "utilization?", """
+       100 / 312 = {{mfu_seed}} (seed 004's example). Model FLOPs utilization counts only the model's necessary
+       FLOPs (6 per parameter per token), not recomputation.""", text_zh=""),
+    _q("b12-2", 12, "M", "MFU", "A 7B model trains at 3000 tokens/s per A100. What is its MFU?", """
+       6 × Φ × tokens/s / peak = 6 × {{p7}} × 3000 / 312e12 = {{mfu7}}.""", text_zh=""),
+    _q("b12-3", 12, "M", "allocator", "`torch.cuda.memory_allocated()` says 60 GB, `nvidia-smi` says 70 GB. "
+       "Why?", """
+       nvidia-smi sees memory reserved by PyTorch's caching allocator (freed blocks kept for reuse,
+       fragmentation) plus the CUDA context and library workspaces (cuBLAS, NCCL), none of which
+       `memory_allocated` counts. Compare `memory_reserved()` and `max_memory_allocated()`;
+       `torch.cuda.memory._record_memory_history` and a snapshot show who allocated what.""", text_zh=""),
+    _q("b12-4", 12, "E", "utilization", "nvidia-smi shows 100 % GPU-Util. Is the GPU fully used?", """
+       No: GPU-Util is the fraction of time at least one kernel runs, not the fraction of the arithmetic
+       units busy. A memory-bound kernel on one SM shows 100 %. Measure achieved FLOP/s (MFU) or use a
+       profiler (Nsight, torch.profiler) for tensor-core activity.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 13
+    _q("b13-1", 13, "M", "recipe", "Seed 000's recipe: LLaMA-7B full fine-tune on 8 × 80 GB, BF16 + ZeRO-2 + "
+       "FlashAttention + checkpointing, batch 4 per GPU. Does it fit?", """
+       At 2048 tokens memlib estimates {{recipe7}} per GPU (ZeRO-2 states 2Φ + 14Φ/8 plus checkpointed
+       activations) — comfortable headroom; without checkpointing {{recipe7_nock}}. Effective batch
+       4 × 4 × 8 = {{recipe7_batch}}.""", text_zh=""),
+    _q("b13-2", 13, "H", "strategy", "Your 7B full fine-tune is out of memory on one 80 GB GPU at batch 1 × 4096. "
+       "What do you try, in order?", """
+       Find the bottleneck first: model states alone are {{states7}}, so no activation trick can fit it —
+       checkpointing and FlashAttention are necessary but not sufficient. On one GPU, 8-bit AdamW cuts the states
+       to {{states7_8bit}} ({{bpp_8bit}} bytes/param); with full checkpointing memlib estimates {{single7_8bit_full}}
+       at batch 1 × 4096 ({{single7_8bit_none}} without), which fits with room for the CUDA context. Beyond that:
+       CPU offload of the optimizer ({{off7_gpu}} left on the GPU) or LoRA/QLoRA (frozen base {{lora7_frozen}}).
+       With 8 GPUs, ZeRO-2 ({{zero2_7b}} of states per GPU) is enough without 8-bit states.""", text_zh=""),
+    _q("b13-3", 13, "M", "strategy", "Which memory techniques are lossless, and which change the result?", """
+       Lossless for the math: gradient accumulation, checkpointing, FlashAttention, ZeRO/FSDP, offloading (only
+       speed changes). Numerically different but standard: bf16 mixed precision. Approximations: 8-bit optimizer
+       states (tiny effect), quantized base weights (QLoRA), and LoRA itself, which restricts what is learned.""",
+       text_zh=""),
+)
+
+
+def render_answer(q: Question) -> str:
+    """The model answer with its ``{{name}}`` placeholders replaced by memlib's numbers.
+
+    Raises:
+        MemlibError: if a placeholder has no number.
+    """
+    numbers = answer_numbers()
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in numbers:
+            raise MemlibError(f"unknown number {key!r} in the answer to {q.id}")
+        return numbers[key].value
+
+    return _PLACEHOLDER.sub(sub, q.answer)
+
+
+def questions(chapter: int | None = None, source: str | None = None,
+              difficulty: str | None = None) -> list[Question]:
+    """Questions of the bank, filtered by chapter, source and/or difficulty, in bank order."""
+    if chapter is not None:
+        check_choice("chapter", chapter, CHAPTERS)
+    if source is not None:
+        check_choice("source", source, SOURCES)
+    if difficulty is not None:
+        check_choice("difficulty", difficulty, DIFFICULTIES)
+    return [q for q in QUESTIONS if (chapter is None or q.chapter == chapter)
+            and (source is None or q.source == source) and (difficulty is None or q.difficulty == difficulty)]
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", "", text).lower()
+
+
+def find_question(text: str) -> Question | None:
+    """The first question whose Chinese or English wording contains ``text`` (whitespace ignored)."""
+    key = _norm(text)
+    for q in QUESTIONS:
+        if key and (key in _norm(q.text_zh) or key in _norm(q.text)):
+            return q
+    return None
+
+
+def question_markdown(q: Question, number: int) -> str:
+    """MyST Markdown for one question: the question, the Chinese original if any, and an Answer dropdown."""
+    origin = f" ({q.source})" if q.source != "book" else ""
+    head = f"**Question {number} [{q.difficulty}] [{q.topic}].**{origin} "
+    if q.text_zh:
+        head += f"{q.text_zh} — *{q.text}*"
+    else:
+        head += q.text
+    proof = f"*Proved in Chapter {q.chapter} ({CHAPTERS[q.chapter]}).*"
+    return f"{head}\n\n```{{dropdown}} Answer\n{render_answer(q)}\n\n{proof}\n```\n"
+
+
+def chapter_markdown(chapter: int, start: int = 1) -> str:
+    """MyST Markdown for all of a chapter's questions, numbered from ``start``."""
+    return "\n".join(question_markdown(q, start + i) for i, q in enumerate(questions(chapter=chapter)))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Numeric drills
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drill:
+    """One numeric drill, with memlib's answer. Introduced in the Drills part.
+
+    Attributes:
+        kind: the generator's name (a key of :data:`DRILL_KINDS`).
+        seed: the seed it was generated from (``generate(kind, seed)`` rebuilds it).
+        question: the question text, units stated.
+        answer: memlib's value, in ``unit``.
+        unit: ``"GB"`` (10⁹ bytes), ``"GiB"``, ``"MiB"``, ``"GPUs"``, ``"sequences"``, ``"%"``...
+        rel_tol: relative tolerance of :func:`grade`.
+        abs_tol: absolute tolerance (in ``unit``); the larger of the two applies.
+        difficulty: ``"E"``, ``"M"`` or ``"H"``.
+        chapter: the chapter that teaches it.
+        explanation: how memlib computed the answer.
+        settings: the randomized parameters.
+    """
+
+    kind: str
+    seed: int
+    question: str
+    answer: float
+    unit: str
+    rel_tol: float
+    abs_tol: float
+    difficulty: str
+    chapter: int
+    explanation: str
+    settings: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def tolerance_text(self) -> str:
+        """The tolerance in words (``"±5 %"``, ``"exact"``)."""
+        if self.rel_tol > 0:
+            return f"±{100 * self.rel_tol:g} %"
+        if self.abs_tol >= 0.5 and float(self.answer).is_integer():
+            return "exact" if self.abs_tol < 1 else f"±{self.abs_tol:g}"
+        return f"±{self.abs_tol:g} {self.unit}"
+
+    @property
+    def answer_text(self) -> str:
+        """memlib's answer with its unit."""
+        if float(self.answer).is_integer() and self.unit not in ("GB", "GiB", "MiB", "%"):
+            return f"{int(self.answer)} {self.unit}"
+        return f"{self.answer:,.2f} {self.unit}"
+
+
+@dataclass(frozen=True)
+class DrillKind:
+    """A registered drill generator. Introduced in the Drills part.
+
+    Attributes:
+        name: the kind's name.
+        chapter: the chapter it drills.
+        description: one line saying what is asked.
+        make: ``make(rng, seed) -> Drill``.
+    """
+
+    name: str
+    chapter: int
+    description: str
+    make: Callable[[random.Random, int], Drill]
+
+
+#: Registered generators, by name. Add one with the :func:`drill_kind` decorator.
+DRILL_KINDS: dict[str, DrillKind] = {}
+
+
+def drill_kind(name: str, chapter: int, description: str) -> Callable[[Callable[[random.Random, int], Drill]],
+                                                                      Callable[[random.Random, int], Drill]]:
+    """Register a drill generator ``f(rng, seed) -> Drill`` under ``name``. Introduced in the Drills part.
+
+    A new kind is one function: draw its parameters from ``rng`` (a ``random.Random``), compute the answer
+    with memlib, and return a :class:`Drill`.
+    """
+    check_choice("chapter", chapter, CHAPTERS)
+
+    def register(f: Callable[[random.Random, int], Drill]) -> Callable[[random.Random, int], Drill]:
+        if name in DRILL_KINDS:
+            raise MemlibError(f"drill kind {name!r} is already registered")
+        DRILL_KINDS[name] = DrillKind(name, chapter, description, f)
+        return f
+
+    return register
+
+
+def generate(kind: str, seed: int) -> Drill:
+    """Build the drill of ``kind`` for ``seed`` (deterministic). Introduced in the Drills part.
+
+    Raises:
+        MemlibError: for an unknown kind, listing the registered ones.
+    """
+    check_choice("drill kind", kind, DRILL_KINDS)
+    seed = check_positive("seed", seed, allow_zero=True)
+    return DRILL_KINDS[kind].make(random.Random(seed), seed)
+
+
+_TRAIN_MODELS = ("gpt2", "gpt2-xl", "qwen2-0.5b", "gemma-2b", "llama-2-7b", "mistral-7b", "llama-3-8b",
+                 "llama-2-13b")
+_INFER_MODELS = ("qwen2-0.5b", "gemma-2b", "llama-2-7b", "mistral-7b", "llama-3-8b", "llama-2-13b",
+                 "llama-2-70b", "llama-3-70b")
+_PRECISION_WORDS = {"fp32": "fp32", "fp16-mixed": "fp16 mixed precision", "bf16-mixed": "bf16 mixed precision",
+                    "bf16": "pure bf16 (no fp32 master weights)"}
+_OPT_WORDS = {"sgd": "plain SGD", "sgd-momentum": "SGD with momentum", "adamw": "AdamW",
+              "adamw-8bit": "8-bit AdamW (bitsandbytes)"}
+
+
+def _zero_words(stage: int, gpus: int) -> str:
+    if stage == 0:
+        return f"plain data parallelism (no ZeRO) on {gpus} GPU{'s' if gpus > 1 else ''}"
+    return f"ZeRO stage {stage} over {gpus} GPUs"
+
+
+@drill_kind("model_states", 6, "model states per GPU for N parameters, a precision, an optimizer and a ZeRO stage")
+def _model_states(rng: random.Random, seed: int) -> Drill:
+    billions = rng.choice((1, 3, 7, 13, 30, 65, 70, 175))
+    precision = rng.choice(("fp32", "bf16-mixed", "bf16-mixed", "bf16"))
+    optimizer = rng.choice(("sgd", "sgd-momentum", "adamw", "adamw", "adamw-8bit"))
+    stage = rng.choice((0, 1, 2, 3))
+    gpus = 1 if stage == 0 and rng.random() < 0.3 else rng.choice((2, 4, 8, 16, 64))
+    e = estimate_training(params=billions * 10**9, precision=precision, optimizer=optimizer, zero_stage=stage,
+                          num_gpus=gpus)
+    q = (f"A {billions}B-parameter model is trained with {_PRECISION_WORDS[precision]} and "
+         f"{_OPT_WORDS[optimizer]}, {_zero_words(stage, gpus)}. How many GB (10⁹ bytes) of model states "
+         f"(weights + gradients + optimizer states) does each GPU hold?")
+    w, g, o = state_bytes_per_param(precision, optimizer)
+    how = (f"estimate_training(params={billions}e9, precision='{precision}', optimizer='{optimizer}', "
+           f"zero_stage={stage}, num_gpus={gpus}): {w:g} + {g:g} + {o:g} bytes/param before sharding → "
+           f"weights {_gb(e.params_bytes, 2)}, grads {_gb(e.grads_bytes, 2)}, optimizer {_gb(e.optimizer_bytes, 2)}")
+    return Drill("model_states", seed, q, e.total_bytes / GB, "GB", 0.02, 0.01, "E" if stage == 0 else "M", 6, how,
+                 {"params": billions * 10**9, "precision": precision, "optimizer": optimizer, "zero_stage": stage,
+                  "num_gpus": gpus})
+
+
+@drill_kind("training_peak", 1, "estimated peak training memory per GPU for a shipped model and a setup")
+def _training_peak(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(_TRAIN_MODELS)
+    b = rng.choice((1, 2, 4, 8))
+    s = rng.choice((512, 1024, 2048, 4096))
+    precision = rng.choice(("bf16-mixed", "bf16-mixed", "bf16", "fp32"))
+    optimizer = rng.choice(("adamw", "adamw", "adamw-8bit", "sgd-momentum"))
+    stage = rng.choice((0, 0, 1, 2, 3))
+    gpus = 1 if stage == 0 else rng.choice((2, 4, 8))
+    recompute = rng.choice(("none", "none", "selective", "full"))
+    attention = rng.choice(("sdpa", "sdpa", "eager"))
+    e = estimate_training(model, batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
+                          zero_stage=stage, num_gpus=gpus, recompute=recompute, attention=attention)
+    att = "FlashAttention (SDPA)" if attention == "sdpa" else "eager attention"
+    rec = {"none": "no recomputation", "selective": "selective recomputation",
+           "full": "full activation checkpointing"}[recompute]
+    q = (f"Train {model} at batch {b} × {s} tokens per GPU with {_PRECISION_WORDS[precision]}, "
+         f"{_OPT_WORDS[optimizer]}, {_zero_words(stage, gpus)}, {att} and {rec}. Estimate the peak memory per "
+         f"GPU in GB (10⁹ bytes), without CUDA context or allocator overhead.")
+    how = (f"estimate_training('{model}', batch_size={b}, seq_len={s}, precision='{precision}', "
+           f"optimizer='{optimizer}', zero_stage={stage}, num_gpus={gpus}, recompute='{recompute}', "
+           f"attention='{attention}'): model states {_gb(e.model_states_bytes, 2)}, activations "
+           f"{_gb(e.activations_bytes or 0, 2)}, temporaries {_gb(e.temp_bytes, 2)}; peak in the {e.peak_phase}")
+    return Drill("training_peak", seed, q, e.total_bytes / GB, "GB", 0.10, 0.05, "H", 1, how,
+                 {"model": model, "batch_size": b, "seq_len": s, "precision": precision, "optimizer": optimizer,
+                  "zero_stage": stage, "num_gpus": gpus, "recompute": recompute, "attention": attention})
+
+
+@drill_kind("activations", 4, "saved activations for a shipped model, batch, sequence, attention and recomputation")
+def _activations(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(_TRAIN_MODELS)
+    b = rng.choice((1, 2, 4))
+    s = rng.choice((1024, 2048, 4096))
+    recompute = rng.choice(("none", "selective", "full"))
+    attention = rng.choice(("sdpa", "eager"))
+    e = estimate_training(model, batch_size=b, seq_len=s, recompute=recompute, attention=attention)
+    q = (f"{model} in bf16 mixed precision at batch {b} × {s} tokens with "
+         f"{'eager attention' if attention == 'eager' else 'FlashAttention (SDPA)'} and "
+         f"{recompute if recompute != 'none' else 'no'} recomputation: how many GB (10⁹ bytes) of activations "
+         f"are saved for the backward pass?")
+    how = (f"estimate_training('{model}', batch_size={b}, seq_len={s}, recompute='{recompute}', "
+           f"attention='{attention}').activations_bytes (term by term: memlib.estimate.activation_terms)")
+    return Drill("activations", seed, q, (e.activations_bytes or 0) / GB, "GB", 0.10, 0.02, "H", 4, how,
+                 {"model": model, "batch_size": b, "seq_len": s, "recompute": recompute, "attention": attention})
+
+
+@drill_kind("kv_cache", 11, "KV-cache size for a shipped model, batch, sequence and KV dtype")
+def _kv_cache(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(_INFER_MODELS)
+    b = rng.choice((1, 4, 8, 16, 32))
+    s = rng.choice((1024, 2048, 4096, 8192))
+    kv = rng.choice(("fp16", "fp16", "bf16", "fp8"))
+    e = estimate_inference(model, batch_size=b, seq_len=s, kv_dtype=kv)
+    cfg = load_config(model)
+    q = (f"{model} serves {b} sequences of {s} tokens with a {kv} KV cache. How many GB (10⁹ bytes) does the KV "
+         f"cache take?")
+    how = (f"2 × {cfg.num_layers} layers × {cfg.num_kv_heads} KV heads × {cfg.head_dim} × {s} × {b} × "
+           f"{KV_DTYPES[kv]} bytes = estimate_inference('{model}', batch_size={b}, seq_len={s}, "
+           f"kv_dtype='{kv}').kv_cache_bytes")
+    return Drill("kv_cache", seed, q, e.kv_cache_bytes / GB, "GB", 0.02, 0.01, "M", 11, how,
+                 {"model": model, "batch_size": b, "seq_len": s, "kv_dtype": kv})
+
+
+@drill_kind("inference_total", 11, "weights + KV cache for a shipped model in a weight format")
+def _inference_total(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(_INFER_MODELS)
+    weights = rng.choice(("fp16", "bf16", "int8", "int4", "nf4"))
+    b = rng.choice((1, 2, 4, 8))
+    s = rng.choice((2048, 4096, 8192))
+    e = estimate_inference(model, batch_size=b, seq_len=s, weights=weights)
+    q = (f"{model} with {weights} weights (16-bit embeddings and norms), fp16 KV cache, {b} sequence"
+         f"{'s' if b > 1 else ''} of {s} tokens: how many GB (10⁹ bytes) for weights + KV cache?")
+    how = (f"estimate_inference('{model}', batch_size={b}, seq_len={s}, weights='{weights}'): weights "
+           f"{_gb(e.weights_bytes, 2)} ({weight_bytes_per_param(weights):.4f} bytes/param for quantized matrices) "
+           f"+ KV {_gb(e.kv_cache_bytes, 2)}")
+    return Drill("inference_total", seed, q, e.total_bytes / GB, "GB", 0.05, 0.05, "M", 11, how,
+                 {"model": model, "weights": weights, "batch_size": b, "seq_len": s})
+
+
+@drill_kind("zero_min_gpus", 6, "fewest GPUs (a power of two) whose ZeRO-sharded model states fit")
+def _zero_min_gpus(rng: random.Random, seed: int) -> Drill:
+    while True:
+        billions = rng.choice((7, 13, 30, 65, 70, 175))
+        stage = rng.choice((1, 2, 3, 3))
+        mem = rng.choice((24, 40, 48, 80, 141))
+        optimizer = rng.choice(("adamw", "adamw", "adamw-8bit"))
+        counts = [2**k for k in range(11)]
+        fits = [n for n in counts if estimate_training(params=billions * 10**9, optimizer=optimizer,
+                                                       zero_stage=stage, num_gpus=n).total_bytes <= mem * GB]
+        if fits:
+            break
+    n = fits[0]
+    q = (f"A {billions}B-parameter model, bf16 mixed precision, {_OPT_WORDS[optimizer]}, ZeRO stage {stage}. "
+         f"What is the smallest power-of-two number of {mem} GB GPUs on which the model states alone (no "
+         f"activations) fit?")
+    per = estimate_training(params=billions * 10**9, optimizer=optimizer, zero_stage=stage, num_gpus=n).total_bytes
+    prev = (f"; with {n // 2}: {_gb(estimate_training(params=billions * 10**9, optimizer=optimizer, zero_stage=stage, num_gpus=n // 2).total_bytes, 1)}"  # noqa: E501
+            if n > 1 else "")
+    how = (f"smallest n in 1, 2, 4, … with estimate_training(params={billions}e9, optimizer='{optimizer}', "
+           f"zero_stage={stage}, num_gpus=n).total_bytes ≤ {mem} GB: with {n}: {_gb(per, 1)}{prev}")
+    return Drill("zero_min_gpus", seed, q, float(n), "GPUs", 0.0, 0.5, "H", 6, how,
+                 {"params": billions * 10**9, "zero_stage": stage, "gpu_memory_gb": mem, "optimizer": optimizer})
+
+
+@drill_kind("max_batch", 11, "most sequences whose weights + KV cache fit in one GPU")
+def _max_batch(rng: random.Random, seed: int) -> Drill:
+    while True:
+        model = rng.choice(_INFER_MODELS)
+        weights = rng.choice(("fp16", "int8", "int4"))
+        kv = rng.choice(("fp16", "fp8"))
+        s = rng.choice((2048, 4096, 8192))
+        mem = rng.choice((24, 40, 48, 80))
+        one = estimate_inference(model, batch_size=1, seq_len=s, weights=weights, kv_dtype=kv)
+        if one.total_bytes <= mem * GB:
+            break
+    n = (mem * GB - one.weights_bytes) // one.kv_cache_bytes
+    q = (f"{model} with {weights} weights and a {kv} KV cache on one {mem} GB (10⁹ bytes) GPU: how many "
+         f"{s}-token sequences fit at once, counting only weights and KV cache?")
+    how = (f"⌊({mem} GB − weights {_gb(one.weights_bytes, 2)}) / KV per sequence {_gb(one.kv_cache_bytes, 3)}⌋ "
+           f"(estimate_inference('{model}', seq_len={s}, weights='{weights}', kv_dtype='{kv}'))")
+    return Drill("max_batch", seed, q, float(n), "sequences", 0.0, 0.5, "M", 11, how,
+                 {"model": model, "weights": weights, "kv_dtype": kv, "seq_len": s, "gpu_memory_gb": mem})
+
+
+@drill_kind("attention_matrix", 10, "size of one N×N attention matrix per head, per layer or per model")
+def _attention_matrix(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(("gpt2", "gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-3-8b", "llama-2-70b"))
+    s = rng.choice((1024, 2048, 4096, 8192, 16384))
+    dtype = rng.choice(("fp16", "fp32"))
+    scope = rng.choice(("head", "layer", "model"))
+    cfg = load_config(model)
+    nbytes = s * s * (2 if dtype == "fp16" else 4)
+    mult = {"head": 1, "layer": cfg.num_heads, "model": cfg.num_heads * cfg.num_layers}[scope]
+    unit, div = ("MiB", MiB) if scope == "head" else ("GiB", GiB)
+    where = {"head": "for one head", "layer": f"for one layer ({cfg.num_heads} heads)",
+             "model": f"for the whole model ({cfg.num_layers} layers × {cfg.num_heads} heads)"}[scope]
+    q = (f"Eager attention in {model} at {s} tokens stores the {dtype} attention probabilities (an N×N matrix per "
+         f"head). How many {unit} does that take {where}, for one sample?")
+    how = f"{s}² × {2 if dtype == 'fp16' else 4} bytes × {mult} = {nbytes * mult:,} bytes"
+    return Drill("attention_matrix", seed, q, nbytes * mult / div, unit, 0.01, 0.01, "M", 10, how,
+                 {"model": model, "seq_len": s, "dtype": dtype, "scope": scope})
+
+
+@drill_kind("adam8bit_saving", 8, "GB saved by 8-bit AdamW over AdamW for a shipped model")
+def _adam8bit_saving(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(_TRAIN_MODELS + ("llama-2-70b",))
+    stage = rng.choice((0, 0, 1))
+    gpus = 1 if stage == 0 else rng.choice((4, 8))
+    a = estimate_training(model, zero_stage=stage, num_gpus=gpus).optimizer_bytes
+    b = estimate_training(model, optimizer="adamw-8bit", zero_stage=stage, num_gpus=gpus).optimizer_bytes
+    q = (f"Training {model} with bf16 mixed precision, {_zero_words(stage, gpus)}: how many GB (10⁹ bytes) of "
+         f"optimizer state per GPU does switching from AdamW to bitsandbytes' 8-bit AdamW save?")
+    how = (f"estimate_training('{model}', zero_stage={stage}, num_gpus={gpus}).optimizer_bytes: "
+           f"{_gb(a, 2)} (adamw) − {_gb(b, 2)} (adamw-8bit: m, v in 8 bits + absmax per 256, small tensors 32-bit)")
+    return Drill("adam8bit_saving", seed, q, (a - b) / GB, "GB", 0.03, 0.01, "E", 8, how,
+                 {"model": model, "zero_stage": stage, "num_gpus": gpus})
+
+
+@drill_kind("mfu", 12, "model FLOPs utilization from tokens/s per GPU")
+def _mfu(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(("gpt2-xl", "gemma-2b", "llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-2-70b"))
+    gpu, peak = rng.choice((("A100", 312e12), ("H100", 989e12)))
+    n = count_params(model).params
+    mfu_target = rng.choice((0.25, 0.35, 0.45, 0.55))
+    raw = mfu_target * peak / (6 * n)
+    tokens = max(1, int(round(raw, -1 if raw > 100 else 0)))
+    value = 100 * 6 * n * tokens / peak
+    q = (f"Training {model} ({n / 1e9:.2f} B parameters) runs at {tokens:,} tokens/s per {gpu} "
+         f"(dense bf16 peak {peak / 1e12:g} TFLOP/s). What is the model FLOPs utilization, in %?")
+    how = f"6 × {n:,} × {tokens:,} / {peak:.3g} (count_params('{model}').params; 6 FLOPs per parameter per token)"
+    return Drill("mfu", seed, q, value, "%", 0.05, 0.5, "M", 12, how,
+                 {"model": model, "gpu": gpu, "tokens_per_s": tokens})
+
+
+@drill_kind("effective_batch", 5, "effective batch from micro-batch, accumulation and data-parallel GPUs")
+def _effective_batch(rng: random.Random, seed: int) -> Drill:
+    micro = rng.choice((1, 2, 4, 8, 16))
+    accum = rng.choice((1, 2, 4, 8, 16, 32))
+    gpus = rng.choice((1, 2, 4, 8, 16, 64))
+    q = (f"Micro-batch {micro} per GPU, {accum} gradient-accumulation step{'s' if accum > 1 else ''}, {gpus} "
+         f"data-parallel GPU{'s' if gpus > 1 else ''}: how many "
+         f"sequences does one optimizer step see?")
+    return Drill("effective_batch", seed, q, float(micro * accum * gpus), "sequences", 0.0, 0.5, "E", 5,
+                 f"{micro} × {accum} × {gpus}", {"micro_batch": micro, "accumulation": accum, "num_gpus": gpus})
+
+
+_UNIT_BYTES = {"GB": GB, "GiB": GiB, "MB": MB, "MiB": MiB}
+
+
+def parse_answer(text: str | float | int, unit: str) -> float:
+    """Read an answer: a number, optionally with a unit; memory units are converted to ``unit``.
+
+    ``parse_answer("20 GiB", "GB") == 21.47…``; ``parse_answer("32%", "%") == 32.0``.
+
+    Raises:
+        MemlibError: if the text is not a finite number (with an optional unit).
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([-+]?[0-9][0-9,_]*\.?[0-9]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9]+)\s*([A-Za-z%]*)\s*",
+                         str(text))
+        if not m:
+            raise MemlibError(f"cannot read the answer {text!r}; expected a number such as 12.5 or '12.5 {unit}'")
+        value = float(m.group(1).replace(",", "").replace("_", ""))
+        given = m.group(2)
+        if given:
+            known = {u.lower(): u for u in _UNIT_BYTES}
+            if given.lower() in known and unit in _UNIT_BYTES:
+                value = value * _UNIT_BYTES[known[given.lower()]] / _UNIT_BYTES[unit]
+            elif given.lower() not in (unit.lower(), unit.lower().rstrip("s"), "%"):
+                raise MemlibError(f"unit {given!r} does not match the drill's unit {unit!r}")
+    if not math.isfinite(value):
+        raise MemlibError(f"answer must be a finite number, got {text!r}")
+    return value
+
+
+def grade(drill: Drill, answer: str | float | int | None) -> bool:
+    """True if ``answer`` is within the drill's tolerance of memlib's value. Introduced in the Drills part.
+
+    Args:
+        drill: the drill.
+        answer: a number in the drill's unit, or text such as ``"21.5"``/``"20 GiB"`` (see :func:`parse_answer`);
+            None or unreadable text counts as wrong.
+    """
+    if answer is None:
+        return False
+    try:
+        value = parse_answer(answer, drill.unit)
+    except MemlibError:
+        return False
+    return abs(value - drill.answer) <= max(drill.abs_tol, drill.rel_tol * abs(drill.answer))
+
+
+def drill_markdown(drill: Drill, number: int) -> str:
+    """MyST Markdown for one drill: the question and an Answer dropdown with memlib's value and how."""
+    return (f"**Drill {number} [{drill.difficulty}] [{drill.kind}].** {drill.question}\n\n"
+            f"```{{dropdown}} Answer\n**{drill.answer_text}** (graded {drill.tolerance_text}). "
+            f"{drill.explanation}.\n\n*Chapter {drill.chapter} ({CHAPTERS[drill.chapter]}).*\n```\n")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Drill mode
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    """One asked drill, the answer given and whether it was right."""
+
+    drill: Drill
+    given: str | float | int | None
+    correct: bool
+
+
+@dataclass(frozen=True)
+class DrillScore:
+    """The outcome of a drill session. Introduced in the Drills part."""
+
+    results: tuple[DrillResult, ...]
+
+    @property
+    def correct(self) -> int:
+        """Number of right answers."""
+        return sum(r.correct for r in self.results)
+
+    @property
+    def total(self) -> int:
+        """Number of drills asked."""
+        return len(self.results)
+
+    @property
+    def fraction(self) -> float:
+        """correct / total (0 for an empty session)."""
+        return self.correct / self.total if self.total else 0.0
+
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        """kind → (correct, asked)."""
+        out: dict[str, tuple[int, int]] = {}
+        for r in self.results:
+            c, t = out.get(r.drill.kind, (0, 0))
+            out[r.drill.kind] = (c + r.correct, t + 1)
+        return dict(sorted(out.items()))
+
+
+def make_drills(n: int, seed: int = 0, kinds: Iterable[str] | None = None) -> list[Drill]:
+    """N random drills, deterministic for a given seed. Introduced in the Drills part.
+
+    Args:
+        n: how many drills.
+        seed: seeds ``random.Random``; each drill gets its own seed drawn from it.
+        kinds: restrict to these kinds (default: all registered kinds).
+    """
+    n = check_positive("n", n)
+    names = sorted(DRILL_KINDS) if kinds is None else list(kinds)
+    if not names:
+        raise MemlibError("kinds is empty; expected one or more of: " + ", ".join(sorted(DRILL_KINDS)))
+    for k in names:
+        check_choice("drill kind", k, DRILL_KINDS)
+    rng = random.Random(seed)
+    return [generate(rng.choice(names), rng.randrange(2**31)) for _ in range(n)]
+
+
+def score(drills: Sequence[Drill], answers: Sequence[str | float | int | None]) -> DrillScore:
+    """Grade ``answers`` against ``drills`` (same length). Introduced in the Drills part."""
+    if len(drills) != len(answers):
+        raise MemlibError(f"got {len(answers)} answers for {len(drills)} drills")
+    return DrillScore(tuple(DrillResult(d, a, grade(d, a)) for d, a in zip(drills, answers)))
+
+
+def drill_mode(n: int, answer: Callable[[Drill], str | float | int | None], seed: int = 0,
+               kinds: Iterable[str] | None = None) -> DrillScore:
+    """Ask N random drills, get each answer from ``answer(drill)``, and return the score.
+
+    Introduced in the Drills part. Deterministic for a given seed and a deterministic ``answer``, so a
+    notebook can run it under nbval; interactively, ``answer`` can be ``lambda d: input(d.question + " ")``.
+    """
+    drills = make_drills(n, seed, kinds)
+    return score(drills, [answer(d) for d in drills])
