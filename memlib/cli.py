@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
     from .estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
     from .lora import LORA_TARGETS, METHODS
+    from .plan import JOBS
     from .dtypes import WEIGHT_FORMATS
 
     models_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
@@ -72,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16")
     i.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp16")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    pl = sub.add_parser("plan", help="cheapest combination of memory techniques that fits the GPUs")
+    pl.add_argument("model", help=models_help)
+    pl.add_argument("--job", choices=JOBS, default="train")
+    pl.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs (default 1)")
+    pl.add_argument("--gpu-mem", default="80GB", help="memory of one GPU, e.g. 80GB, 24GiB (default 80GB)")
+    pl.add_argument("--batch", type=_positive_int, default=1,
+                    help="sequences per GPU per optimizer step (training) or concurrent sequences (default 1)")
+    pl.add_argument("--seq", type=_positive_int, default=2048, help="sequence length (default 2048)")
+    pl.add_argument("--reserve", default="2GiB", help="memory kept free per GPU (default 2GiB)")
+    pl.add_argument("--lora-rank", type=_positive_int, default=16)
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
 
     r = sub.add_parser("trace", help="measure a real training step on the meta device (needs torch)")
     r.add_argument("model", help=models_help)
@@ -128,6 +141,12 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
         return data, _table(rows, f"inference memory ({head})")
+    if args.command == "plan":
+        from .plan import plan
+
+        result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=args.gpu_mem, batch_size=args.batch,
+                      seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
+        return result.as_dict(), _plan_text(result)
     from .trace import trace_training
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
@@ -135,6 +154,36 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"measured training step (meta trace) of {args.model}")
+
+
+def _plan_text(result: Any) -> str:
+    inp = result.inputs
+    unit = "sequences" if inp["job"] == "infer" else "sequences per GPU per step"
+    lines = [f"plan for {inp['model']}: {inp['job']} on {inp['num_gpus']} GPU(s) × {inp['gpu_memory'] / GB:.2f} GB "
+             f"(reserve {inp['reserve'] / GB:.2f} GB), {inp['batch_size']} {unit} × {inp['seq_len']} tokens",
+             f"  {'#':>2}  {'technique':<26} {'per GPU (GB)':>12} {'CPU (GB)':>9}  {'fits':<4}  {'needed':<6}  cost"]
+    for i, st in enumerate(result.steps):
+        needed = "" if st.needed is None else ("yes" if st.needed else "no")
+        fits = "-" if not st.applicable else ("yes" if st.fits else "no")
+        lines.append(f"  {i:>2}  {st.technique:<26} {st.per_gpu_bytes / GB:>12.2f} {st.cpu_bytes / GB:>9.2f}  "
+                     f"{fits:<4}  {needed:<6}  {st.cost}")
+    budget = inp["gpu_memory"] - inp["reserve"]
+    if result.fits:
+        ch = result.chosen
+        keys = ("precision", "attention", "batch_size", "accumulation_steps", "recompute", "zero_stage", "optimizer",
+                "method", "offload", "weights", "kv_dtype")
+        what = ", ".join(f"{k}={ch.settings[k]}" for k in keys if k in ch.settings)
+        lines.append(f"fits: {what}")
+        lines.append(f"  {ch.per_gpu_bytes / GB:.2f} GB per GPU, headroom {(budget - ch.per_gpu_bytes) / GB:.2f} GB"
+                     + (f"; {ch.cpu_bytes / GB:.2f} GB of CPU memory" if ch.cpu_bytes else ""))
+    else:
+        cl = result.closest
+        more = (f"; it would need {result.min_gpus} GPUs of this size" if result.min_gpus
+                else "; more GPUs would not help (each still holds one micro-batch's activations)"
+                if inp["job"] != "infer" else "")
+        lines.append(f"does not fit: closest is '{cl.technique}' at {cl.per_gpu_bytes / GB:.2f} GB per GPU, "
+                     f"{(cl.per_gpu_bytes - budget) / GB:.2f} GB over{more}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
