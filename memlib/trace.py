@@ -218,14 +218,48 @@ def _strided_nbytes(t: Any) -> int:
     return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def _cached_meta_mode(tracker: MemoryTracker) -> Any:
-    """A dispatch mode for the meta device that also caches output metadata of functional ops.
+# Output metadata of functional meta ops, and the keys of in-place meta ops known to change no metadata; shared
+# by all traces in the process (the keys hold sizes, strides and dtypes only, never tensors).
+_META_OUT: dict[Any, Any] = {}
+_META_NOOP: set[Any] = set()
+_OP_KIND: dict[Any, Any] = {}
+
+
+def _op_kind(func: Any) -> Any:
+    """"functional", ("inplace", [argument index per return]), or None (not cacheable)."""
+    kind = _OP_KIND.get(func, False)
+    if kind is not False:
+        return kind
+    torch = _torch()
+    schema = func._schema
+    kind = None
+    if torch.Tag.nondeterministic_seeded in func.tags or torch.Tag.inplace_view in func.tags:
+        kind = None
+    elif not schema.is_mutable and schema.returns and all(r.alias_info is None for r in schema.returns):
+        kind = "functional"
+    elif schema.is_mutable and all(r.alias_info is not None and r.alias_info.is_write for r in schema.returns):
+        sets = [frozenset(a.alias_info.before_set) if a.alias_info is not None else None for a in schema.arguments]
+        where = []
+        for r in schema.returns:
+            match = [k for k, st in enumerate(sets) if st == frozenset(r.alias_info.before_set)]
+            where.append(match[0] if len(match) == 1 else None)
+        if None not in where:
+            kind = ("inplace", where, [a.name for a in schema.arguments])
+    _OP_KIND[func] = kind
+    return kind
+
+
+def _cached_meta_mode(tracker: MemoryTracker | None) -> Any:
+    """A dispatch mode for the meta device that caches what meta kernels compute (and tracks memory).
 
     Identical decoder layers call the same ops on tensors of the same shapes dozens of times; the meta kernels
-    (many written in Python) then compute the same output sizes again and again. For an op that neither
-    mutates nor aliases its inputs, and whose outputs are fresh tensors, the outputs depend only on the ops'
-    arguments' metadata: on a cache hit new meta tensors with the cached sizes, strides and dtypes are made
-    directly. The storages, and so the memory trace, are the same as without the cache (tests compare them).
+    (many written in Python) then compute the same output sizes again and again. The outputs of an op that
+    neither mutates nor aliases its inputs, and whose outputs are fresh tensors, depend only on its arguments'
+    metadata: on a cache hit new meta tensors with the cached sizes, strides and dtypes are made directly. An
+    in-place op on meta tensors does nothing but check shapes; once a call with the same metadata has been seen
+    to leave every argument's metadata unchanged, later ones return their aliased arguments at once. The
+    storages, and so the memory trace, are the same as without the cache (the tests compare them). With
+    ``tracker=None`` the mode only caches (the untraced warm-up step).
     """
     torch = _torch()
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -233,17 +267,6 @@ def _cached_meta_mode(tracker: MemoryTracker) -> Any:
 
     Tensor = torch.Tensor
     simple = _SIMPLE_LEAVES + (torch.dtype, torch.device, torch.layout, torch.memory_format)
-    cache: dict[Any, Any] = {}
-    cacheable: dict[Any, bool] = {}
-
-    def op_ok(func: Any) -> bool:
-        ok = cacheable.get(func)
-        if ok is None:
-            schema = func._schema
-            ok = (not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
-                  and len(schema.returns) > 0 and torch.Tag.nondeterministic_seeded not in func.tags)
-            cacheable[func] = ok
-        return ok
 
     def key_of(func: Any, args: Any, kwargs: Any) -> Any:
         leaves, spec = tree_flatten((args, kwargs))
@@ -259,11 +282,26 @@ def _cached_meta_mode(tracker: MemoryTracker) -> Any:
                 return None
         return tuple(parts)
 
+    def tensor_meta(x: Any) -> Any:
+        return [(tuple(t.shape), t.stride(), t.dtype, t.storage_offset())
+                for t in tree_flatten(x)[0] if isinstance(t, Tensor)]
+
     class _Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             kwargs = kwargs or {}
-            key = key_of(func, args, kwargs) if op_ok(func) else None
-            hit = cache.get(key) if key is not None else None
+            kind = _op_kind(func)
+            key = key_of(func, args, kwargs) if kind is not None else None
+            if kind is not None and kind != "functional":  # in-place
+                _, where, names = kind
+                if key is not None and key in _META_NOOP:
+                    outs = [args[k] if k < len(args) else kwargs[names[k]] for k in where]
+                    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+                before = tensor_meta((args, kwargs)) if key is not None else None
+                out = func(*args, **kwargs)
+                if key is not None and tensor_meta((args, kwargs)) == before:
+                    _META_NOOP.add(key)
+                return out
+            hit = _META_OUT.get(key) if key is not None else None
             if hit is not None:
                 metas, spec = hit
                 outs = [torch.empty_strided(size, stride, dtype=dtype, device="meta") for size, stride, dtype in metas]
@@ -279,10 +317,11 @@ def _cached_meta_mode(tracker: MemoryTracker) -> Any:
                             isinstance(a, Tensor) and a.untyped_storage()._cdata in storages
                             for a in tree_flatten((args, kwargs))[0])
                         if fresh:
-                            cache[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], spec)
+                            _META_OUT[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], spec)
                 outs = tree_flatten(out)[0]
-            for t in outs:
-                tracker.register(t)
+            if tracker is not None:
+                for t in outs:
+                    tracker.register(t)
             return out
 
     return _Mode()
@@ -537,12 +576,14 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
 
     # Warm-up: one optimizer step on zero gradients creates the optimizer states exactly as a first training
     # step would (a full first forward/backward would only cost time: nothing else outlives a step).
-    for opt in opts:
-        for group in opt.param_groups:
-            for t in group["params"]:
-                t.grad = torch.zeros_like(t)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    warm = _cached_meta_mode(None) if device == "meta" and META_CACHE else contextlib.nullcontext()
+    with warm:
+        for opt in opts:
+            for group in opt.param_groups:
+                for t in group["params"]:
+                    t.grad = torch.zeros_like(t)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     if segments:
         tracker.segment = "start"
     with _patched(attention == "sdpa"), tracker.mode():
