@@ -395,6 +395,11 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         fp32_grads = -(-4 * n_train // (n_gpus if zero_stage >= 1 else 1))
         cpu_bytes = o_bytes + fp32_grads
         o_bytes = 0
+        if offload == "optimizer" and zero_stage == 2 and method == "full":
+            # DeepSpeed's ZeRO-2 offload streams each gradient into the host's fp32 buffer as the backward pass
+            # produces it, through one reduce bucket (reduce_bucket_size = 5e8 elements by default): the GPU never
+            # holds the gradient shard (ZeRO-Offload §4; DeepSpeed's estimator counts 2Ψ on the GPU).
+            g_bytes = min(g_bytes, int(g * 500_000_000))
         if offload == "params+optimizer":
             cpu_bytes += p_bytes
             p_bytes = 0  # the shards live in CPU memory; only the gathered layers are on the GPU

@@ -108,7 +108,9 @@ def test_optimizer_offload_moves_16_bytes_per_param_to_the_cpu() -> None:
     assert est.cpu_bytes == 12 * n + 4 * n  # fp32 master, m, v + the fp32 gradient copy
     sharded = estimate_training(params=n, zero_stage=2, num_gpus=8, offload="optimizer")
     assert sharded.cpu_bytes == -(-16 * n // 8)
-    assert sharded.grads_bytes == -(-2 * n // 8)
+    assert sharded.grads_bytes == 2 * 500_000_000  # one reduce bucket: ZeRO-2 offload streams gradients out
+    stage1 = estimate_training(params=n, zero_stage=1, num_gpus=8, offload="optimizer")
+    assert stage1.grads_bytes == 2 * n  # stage 1 keeps them until the step
 
 
 def test_param_offload_needs_stage_3_and_keeps_a_working_set() -> None:
