@@ -25,6 +25,7 @@ from typing import Any
 from .configs import load_config
 from .dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS, weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
+from .lora import lora_params
 from .estimate import KV_DTYPES, estimate_inference, estimate_training, state_bytes_per_param
 from .params import count_params
 
@@ -105,12 +106,7 @@ def _gib(n: float, digits: int = 1) -> str:
 
 def _lora_params(model: str, rank: int, targets: str) -> int:
     """LoRA parameters r·(d_in + d_out) per adapted matrix, all layers; targets ``"attn"`` or ``"all"``."""
-    cfg = load_config(model)
-    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
-    per_layer = rank * ((h + q) + 2 * (h + kv) + (q + h))
-    if targets == "all":
-        per_layer += rank * 3 * (h + f)
-    return cfg.num_layers * per_layer
+    return lora_params(model, rank, "attention" if targets == "attn" else "all-linear")
 
 
 @lru_cache(maxsize=1)
@@ -1073,6 +1069,37 @@ def _effective_batch(rng: random.Random, seed: int) -> Drill:
          f"sequences does one optimizer step see?")
     return Drill("effective_batch", seed, q, float(micro * accum * gpus), "sequences", 0.0, 0.5, "E", 5,
                  f"{micro} × {accum} × {gpus}", {"micro_batch": micro, "accumulation": accum, "num_gpus": gpus})
+
+
+@drill_kind("lora_params", 9, "trainable LoRA parameters for a shipped model, rank and target modules")
+def _lora_params_drill(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(_TRAIN_MODELS)
+    rank = rng.choice((4, 8, 16, 32, 64))
+    targets = rng.choice(("all-linear", "attention", "qv"))
+    words = {"all-linear": "every Linear layer of each decoder block (q, k, v, o and the MLP)",
+             "attention": "the four attention projections (q, k, v, o)", "qv": "W_q and W_v only"}[targets]
+    n = lora_params(model, rank, targets)
+    q = (f"LoRA with rank {rank} on {words} of {model}: how many millions of trainable parameters? "
+         f"(A and B matrices, no bias)")
+    how = f"lora_params('{model}', {rank}, '{targets}') = Σ over layers and targets of r·(d_in + d_out)"
+    return Drill("lora_params", seed, q, n / 1e6, "million", 0.01, 0.05, "M", 9, how,
+                 {"model": model, "rank": rank, "targets": targets})
+
+
+@drill_kind("offload_host", 7, "GPU and host memory of ZeRO-Offload model states for N parameters")
+def _offload_host(rng: random.Random, seed: int) -> Drill:
+    billions = rng.choice((1, 3, 7, 13, 30, 70))
+    gpus = rng.choice((1, 2, 4, 8))
+    e = estimate_training(params=billions * 10**9, zero_stage=1 if gpus > 1 else 0, num_gpus=gpus,
+                          offload="optimizer")
+    shard = f", ZeRO sharding the offloaded states over {gpus} GPUs" if gpus > 1 else " on one GPU"
+    q = (f"A {billions}B-parameter model is trained with bf16 mixed-precision AdamW and ZeRO-Offload (optimizer "
+         f"states, fp32 master weights and fp32 gradients in CPU memory){shard}. How many GB (10⁹ bytes) of host "
+         f"memory do the offloaded states of one GPU's process take (without DeepSpeed's 1.5× buffers)?")
+    how = (f"estimate_training(params={billions}e9, offload='optimizer', ...).cpu_bytes = (12 + 4) bytes/param "
+           f"/ {gpus} = {_gb(e.cpu_bytes, 2)}")
+    return Drill("offload_host", seed, q, e.cpu_bytes / GB, "GB", 0.02, 0.01, "M", 7, how,
+                 {"params": billions * 10**9, "num_gpus": gpus})
 
 
 _UNIT_BYTES = {"GB": GB, "GiB": GiB, "MB": MB, "MiB": MiB}
