@@ -1,0 +1,173 @@
+"""GPU specification table: dense tensor-core peaks, memory and bandwidth from vendor datasheets (Chapter 12).
+
+Pure Python. Every peak here is **dense** (no 2:4 structured sparsity). NVIDIA's datasheets for A100, H100,
+H200, L4 and A10 print the with-sparsity figure next to (or, for H100/H200/L4, instead of) the dense one,
+marked with an asterisk; the sparse figure is exactly twice the dense one, and no dense training step can use
+it. Tensor-core peaks for the GeForce cards (RTX 3090, 4090) are the fp16/bf16 figures **with fp32
+accumulation**, what mixed-precision training uses; their fp16-accumulate figure is twice as high.
+
+Memory is stored in bytes as the datasheet prints it: the datasheet's "GB" taken as 10⁹ bytes. (HBM stacks
+come in powers of two, so an "80 GB" card actually holds 80 GiB; and the usable amount is less than either
+after ECC and the driver's reservations: ask ``torch.cuda.get_device_properties(0).total_memory`` on the card.)
+Bandwidth is in bytes per second (datasheet GB/s × 10⁹).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import MemlibError
+
+__all__ = ["GpuSpec", "GPUS", "gpu_names", "get_gpu", "match_gpu"]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU's datasheet figures. Introduced in Chapter 12.
+
+    Attributes:
+        name: short name used by :func:`get_gpu` (``"a100-80gb"``).
+        full_name: the product as NVIDIA names it.
+        architecture: Volta, Turing, Ampere, Ada Lovelace, Hopper.
+        bf16_tflops: dense bf16 tensor-core TFLOP/s (10¹² FLOP/s); None where the GPU has no bf16 (V100, T4).
+        fp16_tflops: dense fp16 tensor-core TFLOP/s (fp32 accumulate).
+        tf32_tflops: dense tf32 tensor-core TFLOP/s; None before Ampere.
+        fp32_tflops: fp32 TFLOP/s on the ordinary (non-tensor) cores.
+        memory_bytes: memory as the datasheet prints it, datasheet GB × 10⁹.
+        bandwidth_bytes_per_s: memory bandwidth, datasheet GB/s × 10⁹.
+        memory_type: HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X.
+        sparse_tflops_printed: the with-sparsity bf16/fp16 figure the datasheet prints (2 × dense), or None
+            where the datasheet prints no sparsity figure.
+        source: the vendor document the numbers come from.
+        note: anything a reader comparing with other tables should know.
+    """
+
+    name: str
+    full_name: str
+    architecture: str
+    bf16_tflops: float | None
+    fp16_tflops: float
+    tf32_tflops: float | None
+    fp32_tflops: float
+    memory_bytes: int
+    bandwidth_bytes_per_s: int
+    memory_type: str
+    sparse_tflops_printed: float | None
+    source: str
+    note: str = ""
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Dense peak in FLOP/s for ``dtype`` (bf16, fp16, tf32 on tensor cores; fp32 on CUDA cores).
+
+        Raises:
+            MemlibError: unknown dtype, or one the GPU has no tensor-core support for (bf16 on a V100).
+        """
+        table = {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops,
+                 "fp32": self.fp32_tflops}
+        if dtype not in table:
+            raise MemlibError(f"unknown dtype {dtype!r}; expected one of: {', '.join(table)}")
+        value = table[dtype]
+        if value is None:
+            have = ", ".join(k for k, v in table.items() if v is not None)
+            raise MemlibError(f"{self.full_name} has no {dtype} tensor cores; expected one of: {have}")
+        return value * 1e12
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        """Bandwidth in GB/s (10⁹ bytes per second)."""
+        return self.bandwidth_bytes_per_s / 1e9
+
+    @property
+    def memory_gb(self) -> float:
+        """Memory in GB (10⁹ bytes), as the datasheet prints it."""
+        return self.memory_bytes / 1e9
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """Roofline ridge point: peak FLOP/s ÷ bandwidth, in FLOP per byte."""
+        return self.peak_flops(dtype) / self.bandwidth_bytes_per_s
+
+
+_A100_DS = ("NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/a100): BF16/FP16 Tensor Core "
+            "312 | 624* TFLOPS (*with sparsity), TF32 156 | 312*, FP32 19.5")
+_H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100): BF16/FP16 Tensor Core "
+            "1,979* TFLOPS SXM / 1,513* PCIe, TF32 989* / 756*, FP32 67 / 51; *with sparsity, dense is half")
+_H200_DS = ("NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s; "
+            "BF16/FP16 Tensor Core 1,979* TFLOPS, TF32 989*, FP32 67; *with sparsity, dense is half")
+_V100_DS = ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100): SXM2 Tensor Performance 125 TFLOPS, "
+            "single precision 15.7 TFLOPS, 32/16 GB HBM2, 900 GB/s")
+_T4_DS = ("NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4): mixed precision FP16/FP32 "
+          "65 TFLOPS, single precision 8.1 TFLOPS, 16 GB GDDR6, 320+ GB/s")
+_L4_DS = ("NVIDIA L4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/l4): FP16/BF16 Tensor Core 242* "
+          "TFLOPS, TF32 120*, FP32 30.3, 24 GB GDDR6, 300 GB/s; *with sparsity, dense is half")
+_A10_DS = ("NVIDIA A10 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/products/a10-gpu): BF16/FP16 "
+           "Tensor Core 125 | 250* TFLOPS, TF32 62.5 | 125*, FP32 31.2, 24 GB GDDR6, 600 GB/s")
+_ADA_WP = ("NVIDIA Ada GPU Architecture whitepaper (RTX 4090 column): FP16/BF16 Tensor TFLOPS with FP32 "
+           "accumulate 165.2 | 330.4*, TF32 82.6 | 165.2*, FP32 82.6, 24 GB GDDR6X, 1,008 GB/s")
+_GA102_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper (RTX 3090 column): FP16/BF16 Tensor TFLOPS with "
+             "FP32 accumulate 71 | 142*, TF32 35.6 | 71*, FP32 35.6, 24 GB GDDR6X, 936 GB/s")
+
+#: The table, keyed by short name. Dense peaks throughout (see the module docstring).
+GPUS: dict[str, GpuSpec] = {g.name: g for g in [
+    GpuSpec("v100", "Tesla V100 SXM2 32 GB", "Volta", None, 125.0, None, 15.7, 32 * 10**9, 900 * 10**9, "HBM2",
+            None, _V100_DS, "no bf16; the PCIe card: 112 TFLOPS tensor, 14 fp32"),
+    GpuSpec("t4", "Tesla T4", "Turing", None, 65.0, None, 8.1, 16 * 10**9, 320 * 10**9, "GDDR6", None, _T4_DS,
+            "no bf16; 70 W card"),
+    GpuSpec("a10", "A10", "Ampere", 125.0, 125.0, 62.5, 31.2, 24 * 10**9, 600 * 10**9, "GDDR6", 250.0, _A10_DS),
+    GpuSpec("a100-40gb", "A100 SXM 40 GB", "Ampere", 312.0, 312.0, 156.0, 19.5, 40 * 10**9, 1555 * 10**9, "HBM2",
+            624.0, _A100_DS, "the seed's 312 TFLOPS"),
+    GpuSpec("a100-80gb", "A100 SXM 80 GB", "Ampere", 312.0, 312.0, 156.0, 19.5, 80 * 10**9, 2039 * 10**9,
+            "HBM2e", 624.0, _A100_DS, "the PCIe 80 GB card: 1,935 GB/s"),
+    GpuSpec("rtx-3090", "GeForce RTX 3090", "Ampere", 71.0, 71.0, 35.6, 35.6, 24 * 10**9, 936 * 10**9, "GDDR6X",
+            142.0, _GA102_WP, "with fp16 accumulation the fp16 tensor peak doubles (142 dense)"),
+    GpuSpec("rtx-4090", "GeForce RTX 4090", "Ada Lovelace", 165.2, 165.2, 82.6, 82.6, 24 * 10**9, 1008 * 10**9,
+            "GDDR6X", 330.4, _ADA_WP, "with fp16 accumulation the fp16 tensor peak doubles (330.3 dense)"),
+    GpuSpec("l4", "L4", "Ada Lovelace", 121.0, 121.0, 60.0, 30.3, 24 * 10**9, 300 * 10**9, "GDDR6", 242.0,
+            _L4_DS, "72 W card; the datasheet prints only the sparsity figures"),
+    GpuSpec("h100-sxm", "H100 SXM 80 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 80 * 10**9, 3350 * 10**9, "HBM3",
+            1979.0, _H100_DS, "fp8: 1,979 dense"),
+    GpuSpec("h100-pcie", "H100 PCIe 80 GB", "Hopper", 756.5, 756.5, 378.0, 51.0, 80 * 10**9, 2000 * 10**9,
+            "HBM2e", 1513.0, _H100_DS, "fp8: 1,513 dense"),
+    GpuSpec("h200", "H200 SXM 141 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 141 * 10**9, 4800 * 10**9, "HBM3e",
+            1979.0, _H200_DS, "same compute as H100 SXM; more and faster memory"),
+]}
+
+_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "4090": "rtx-4090", "3090": "rtx-3090"}
+
+
+def gpu_names() -> list[str]:
+    """Short names accepted by :func:`get_gpu`, in table order. Introduced in Chapter 12."""
+    return list(GPUS)
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """Look a GPU up by short name (case-insensitive; ``a100`` means the 80 GB SXM card, ``h100`` the SXM one).
+
+    Introduced in Chapter 12.
+
+    Raises:
+        MemlibError: unknown name; the message lists the valid names.
+    """
+    key = str(name).strip().lower().replace(" ", "-").replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in GPUS:
+        raise MemlibError(f"unknown GPU {name!r}; expected one of: {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def match_gpu(device_name: str) -> GpuSpec | None:
+    """Best table entry for a CUDA device name (``torch.cuda.get_device_name()``), or None.
+
+    Introduced in Chapter 12. ``"NVIDIA A100-SXM4-80GB"`` → a100-80gb, ``"NVIDIA H100 PCIe"`` → h100-pcie,
+    ``"NVIDIA GeForce RTX 4090"`` → rtx-4090.
+    """
+    n = str(device_name).lower()
+    if "h200" in n:
+        return GPUS["h200"]
+    if "h100" in n:
+        return GPUS["h100-pcie" if "pcie" in n else "h100-sxm"]
+    if "a100" in n:
+        return GPUS["a100-40gb" if "40g" in n else "a100-80gb"]
+    for key, needle in (("rtx-4090", "4090"), ("rtx-3090", "3090"), ("v100", "v100"), ("t4", "t4"),
+                        ("l4", "l4"), ("a10", "a10")):
+        if needle in n.replace("-", " ").split() or n.endswith(needle) or f" {needle} " in f" {n} ":
+            return GPUS[key]
+    return None

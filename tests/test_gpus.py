@@ -1,0 +1,72 @@
+"""The GPU spec table of Chapter 12: dense peaks, units, lookups."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memlib.errors import MemlibError
+from memlib.gpus import GPUS, get_gpu, gpu_names, match_gpu
+
+EXPECTED = {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "h100-sxm", "h100-pcie",
+            "h200"}
+
+
+def test_table_has_the_issue_gpus_with_sources() -> None:
+    assert set(gpu_names()) == EXPECTED
+    for g in GPUS.values():
+        assert g.source and "nvidia" in g.source.lower()
+        assert isinstance(g.memory_bytes, int) and isinstance(g.bandwidth_bytes_per_s, int)
+        assert g.fp16_tflops > g.fp32_tflops or g.architecture == "Ada Lovelace"
+
+
+def test_dense_is_half_the_sparse_figure_printed() -> None:
+    for g in GPUS.values():
+        if g.sparse_tflops_printed is not None:
+            assert g.sparse_tflops_printed == pytest.approx(2 * g.fp16_tflops, rel=0.002)
+
+
+def test_known_numbers() -> None:
+    a100 = get_gpu("A100")
+    assert a100.peak_flops("bf16") == 312e12
+    assert a100.memory_gb == 80 and a100.bandwidth_gb_s == 2039
+    assert get_gpu("a100-40gb").bandwidth_gb_s == 1555
+    assert get_gpu("h100").peak_flops() == pytest.approx(989.5e12)
+    assert get_gpu("h200").memory_bytes == 141 * 10**9
+    assert get_gpu("h200").peak_flops() == get_gpu("h100-sxm").peak_flops()
+    assert get_gpu("h200").ridge_point() < get_gpu("h100-sxm").ridge_point()
+    assert get_gpu("a100-80gb").ridge_point() == pytest.approx(312 / 2.039)
+
+
+def test_no_bf16_on_volta_and_turing() -> None:
+    for name in ("v100", "t4"):
+        with pytest.raises(MemlibError, match="no bf16"):
+            get_gpu(name).peak_flops("bf16")
+        assert get_gpu(name).peak_flops("fp16") > 0
+
+
+def test_unknown_names_list_the_choices() -> None:
+    with pytest.raises(MemlibError, match="unknown GPU 'b200'; expected one of: v100, t4"):
+        get_gpu("b200")
+    with pytest.raises(MemlibError, match="unknown dtype 'int8'"):
+        get_gpu("a100").peak_flops("int8")
+
+
+@pytest.mark.parametrize("device_name, expected", [
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA A100-PCIE-40GB", "a100-40gb"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H200", "h200"), ("Tesla V100-SXM2-32GB", "v100"), ("Tesla T4", "t4"), ("NVIDIA L4", "l4"),
+    ("NVIDIA A10", "a10"), ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA GeForce RTX 3090", "rtx-3090"),
+])
+def test_match_device_names(device_name: str, expected: str) -> None:
+    spec = match_gpu(device_name)
+    assert spec is not None and spec.name == expected
+
+
+def test_match_unknown_is_none() -> None:
+    assert match_gpu("Intel Arc A770") is None
+
+
+@given(st.sampled_from(sorted(EXPECTED)))
+def test_lookup_roundtrip(name: str) -> None:
+    assert get_gpu(name.upper()).name == name
