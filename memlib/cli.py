@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
     from .estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
     from .lora import LORA_TARGETS, METHODS
+    from .gpus import gpu_names
     from .plan import JOBS
     from .dtypes import WEIGHT_FORMATS
 
@@ -78,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("model", help=models_help)
     pl.add_argument("--job", choices=JOBS, default="train")
     pl.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs (default 1)")
-    pl.add_argument("--gpu-mem", default="80GB", help="memory of one GPU, e.g. 80GB, 24GiB (default 80GB)")
+    pl.add_argument("--gpu-mem", default=None, help="memory of one GPU, e.g. 80GB, 24GiB (default 80GB)")
+    pl.add_argument("--gpu", choices=gpu_names(), default=None,
+                    help="take the GPU memory from memlib's spec table (datasheet GB) instead of --gpu-mem")
     pl.add_argument("--batch", type=_positive_int, default=1,
                     help="sequences per GPU per optimizer step (training) or concurrent sequences (default 1)")
     pl.add_argument("--seq", type=_positive_int, default=2048, help="sequence length (default 2048)")
@@ -144,7 +147,15 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.command == "plan":
         from .plan import plan
 
-        result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=args.gpu_mem, batch_size=args.batch,
+        if args.gpu is not None and args.gpu_mem is not None:
+            raise MemlibError("give --gpu or --gpu-mem, not both")
+        if args.gpu is not None:
+            from .gpus import get_gpu
+
+            gpu_mem: int | str = get_gpu(args.gpu).memory_bytes
+        else:
+            gpu_mem = args.gpu_mem or "80GB"
+        result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
         return result.as_dict(), _plan_text(result)
     from .trace import trace_training

@@ -155,8 +155,18 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert "it would need" in capsys.readouterr().out
 
 
+def test_cli_plan_gpu_from_the_spec_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from memlib.gpus import get_gpu
+
+    assert main(["plan", "llama-2-7b", "--gpu", "rtx-4090", "--job", "qlora", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["inputs"]["gpu_memory"] == get_gpu("rtx-4090").memory_bytes and data["fits"]
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "llama-9b"], "unknown model 'llama-9b'"),
+    (["plan", "gpt2", "--gpu", "h100-sxm", "--gpu-mem", "80GB"], "give --gpu or --gpu-mem, not both"),
+    (["plan", "gpt2", "--gpu", "b200"], "invalid choice: 'b200'"),
     (["plan", "gpt2", "--gpu-mem=-5GB"], "-5GB"),
     (["plan", "gpt2", "--job", "pretrain"], "invalid choice: 'pretrain'"),
     (["plan", "gpt2", "--gpu-mem", "1GB", "--reserve", "4GB"], "reserve"),
