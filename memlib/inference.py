@@ -1,0 +1,416 @@
+"""Serving memory: what fits a GPU — weights + KV cache + a stated reserve; MHA/GQA/MQA; paged KV (Chapter 11).
+
+Pure Python: builds on :func:`memlib.estimate.estimate_inference` (weights in fp32/fp16/bf16/int8/int4/nf4 with
+their quantization constants, KV cache in fp32/fp16/bf16/fp8) and adds what a real GPU also holds — the CUDA
+context, the transient activations of the largest forward pass, and allocator fragmentation — to answer the
+two serving questions: *how many sequences of this length fit?* and *how long may the sequences be at this
+batch size?*
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .configs import ModelConfig, load_config
+from .dtypes import GiB
+from .errors import MemlibError, check_choice, check_positive
+from .estimate import KV_DTYPES, estimate_inference
+
+__all__ = [
+    "GPU_MEMORY",
+    "KV_LAYOUTS",
+    "DEFAULT_CUDA_CONTEXT",
+    "DEFAULT_FRAGMENTATION",
+    "Reserve",
+    "ServingFit",
+    "kv_heads_for",
+    "kv_bytes_per_token",
+    "forward_activation_bytes",
+    "serving_reserve",
+    "serving_fit",
+    "max_batch_size",
+    "max_seq_len",
+    "batch_context_frontier",
+    "group_quant_bits",
+    "paged_kv_tokens",
+]
+
+ModelLike = str | Path | dict[str, Any] | ModelConfig
+
+#: Memory of common GPUs in bytes, as built: DRAM chips and HBM stacks come in powers of two, so the "24 GB" of
+#: an RTX 3090/4090 is 24 GiB of GDDR6X (12 chips of 2 GiB; 24 × 2³⁰ = 25.77e9 bytes). The usable amount is
+#: less: the driver keeps some, and ECC (on by default on data-centre cards such as T4, L4, L40S) more; read
+#: ``torch.cuda.mem_get_info()`` on the card.
+GPU_MEMORY: dict[str, int] = {
+    "T4 (16 GiB)": 16 * GiB,
+    "RTX 3090 (24 GiB)": 24 * GiB,
+    "RTX 4090 (24 GiB)": 24 * GiB,
+    "L4 (24 GiB)": 24 * GiB,
+    "A100 40GB (40 GiB)": 40 * GiB,
+    "L40S (48 GiB)": 48 * GiB,
+    "A100 80GB (80 GiB)": 80 * GiB,
+    "H100 80GB (80 GiB)": 80 * GiB,
+}
+
+#: KV-cache layouts: multi-head (one K/V head per query head), grouped-query (the config's KV heads),
+#: multi-query (one K/V head shared by all query heads).
+KV_LAYOUTS = ("mha", "gqa", "mqa")
+
+#: CUDA context + library workspaces, held outside PyTorch's tensors. The context alone is ≈ 0.3–0.6 GiB with
+#: lazy module loading (CUDA ≥ 11.7; more without it); cuBLAS/cuBLASLt workspaces and attention kernels' scratch
+#: add tens to hundreds of MiB. We round up to 1 GiB.
+DEFAULT_CUDA_CONTEXT: int = 1 * GiB
+
+#: Fraction added on top of the tensors the allocator holds (weights, KV, activations) for fragmentation:
+#: PyTorch's caching allocator rounds large blocks up to 2 MiB and a contiguous KV cache that grows by
+#: ``torch.cat`` (transformers' DynamicCache) leaves freed blocks of every older size behind. 5 % is a
+#: middle value; vLLM leaves 10 % of the GPU unused by default (``gpu_memory_utilization=0.9``) for all of
+#: this together with the context.
+DEFAULT_FRAGMENTATION: float = 0.05
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Memory a serving process needs besides weights and KV cache, in bytes. Introduced in Chapter 11.
+
+    Attributes:
+        cuda_context_bytes: CUDA context and library workspaces (not PyTorch tensors).
+        activation_bytes: the largest transient of one forward pass (see :func:`forward_activation_bytes`).
+        fragmentation: fraction of the allocated tensors (weights + KV + activations) added for fragmentation.
+        prefill_tokens: tokens in the largest forward pass (None: the whole batch's prompts at once).
+    """
+
+    cuda_context_bytes: int
+    activation_bytes: int
+    fragmentation: float
+    prefill_tokens: int | None
+
+
+@dataclass(frozen=True)
+class ServingFit:
+    """Whether a serving configuration fits a GPU, term by term, in bytes. Introduced in Chapter 11.
+
+    Attributes:
+        weights_bytes: weights, quantization constants included.
+        kv_cache_bytes: K and V of every layer for batch_size × seq_len tokens.
+        activation_bytes: transient of the largest forward pass.
+        fragmentation_bytes: fragmentation fraction × (weights + KV + activations).
+        cuda_context_bytes: CUDA context and workspaces.
+        total_bytes: the sum of the five.
+        gpu_memory_bytes: the GPU's memory.
+        fits: total_bytes <= gpu_memory_bytes.
+        settings: the inputs, echoed.
+    """
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    activation_bytes: int
+    fragmentation_bytes: int
+    cuda_context_bytes: int
+    total_bytes: int
+    gpu_memory_bytes: int
+    fits: bool
+    settings: dict[str, Any]
+
+    @property
+    def headroom_bytes(self) -> int:
+        """GPU memory left (negative when it does not fit)."""
+        return self.gpu_memory_bytes - self.total_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (all byte values are ints)."""
+        return asdict(self)
+
+
+def kv_heads_for(model: ModelLike, layout: str | None = None, num_kv_heads: int | None = None) -> int:
+    """Number of K/V heads for a KV layout of a model's attention. Introduced in Chapter 11.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        layout: ``"mha"`` (num_heads), ``"gqa"`` (the config's num_kv_heads, or ``num_kv_heads``), ``"mqa"`` (1);
+            None: as configured.
+        num_kv_heads: for ``"gqa"``: the number of KV groups; must divide num_heads.
+
+    Returns:
+        K/V heads per layer.
+    """
+    cfg = load_config(model)
+    if layout is None:
+        return cfg.num_kv_heads
+    check_choice("KV layout", layout, KV_LAYOUTS)
+    if layout == "mha":
+        return cfg.num_heads
+    if layout == "mqa":
+        return 1
+    groups = cfg.num_kv_heads if num_kv_heads is None else check_positive("num_kv_heads", num_kv_heads)
+    if cfg.num_heads % groups:
+        raise MemlibError(f"num_kv_heads {groups} must divide num_heads {cfg.num_heads}")
+    return groups
+
+
+def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str | None = None,
+                       num_kv_heads: int | None = None) -> int:
+    """Bytes of KV cache per token of one sequence: 2 (K, V) × layers × KV heads × head_dim × bytes.
+
+    Introduced in Chapter 11. MHA keeps one K/V head per query head; GQA (Ainslie et al. 2023) shares one
+    per group; MQA (Shazeer 2019) one for all — so GQA divides the MHA cache by num_heads / groups.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
+        layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured).
+        num_kv_heads: KV groups for ``layout="gqa"`` (default: the config's).
+
+    Returns:
+        Bytes per token.
+    """
+    cfg = load_config(model)
+    check_choice("kv dtype", kv_dtype, KV_DTYPES)
+    heads = kv_heads_for(cfg, layout, num_kv_heads)
+    return 2 * cfg.num_layers * heads * cfg.head_dim * KV_DTYPES[kv_dtype]
+
+
+def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1, act_bytes: int = 2) -> int:
+    """Estimated largest transient of one inference forward pass over ``tokens`` tokens, in bytes.
+
+    Introduced in Chapter 11. Nothing is saved for backward at inference, so only one layer's intermediates
+    are alive at a time. The MLP is the widest point: a gated MLP holds act(gate), up and their product
+    (3·T·f) beside four T·h tensors of the residual stream (the layer's input, still referenced by the model's
+    loop, the attention block's sum, the normalized input and the MLP's output); GPT-2's tanh-approximated GELU
+    makes five T·f temporaries (counted beside two T·h). The attention block (q, k, v, rotated copies of q and k, its
+    output; with FlashAttention-style SDPA no T² scores) is narrower for every shipped model. After the last
+    layer come the logits of the last position of each sequence, in 16 bits and in fp32 (generation upcasts
+    them): b·V·(2 + 4) beside two T·h tensors — the peak is the larger of the two moments.
+    Checked against a meta-device trace of the transformers models
+    (:func:`memlib.measure_inference.measure_forward_peak`) for every shipped config: within 2 % for the gated
+    models (LLaMA, Mistral, Qwen2, Gemma), 2–5 % over for GPT-2.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        tokens: tokens in the forward pass (prefill: batch × prompt length, or a prefill chunk).
+        batch_size: sequences (for the last-position logits).
+        act_bytes: bytes per activation element (2 for fp16/bf16).
+
+    Returns:
+        Bytes. An estimate of the peak transient, not a measurement; it ignores kernel workspaces.
+    """
+    cfg = load_config(model)
+    t = check_positive("tokens", tokens)
+    b = check_positive("batch_size", batch_size)
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    mlp = (3 * f + 4 * h) if cfg.mlp == "gated" else (5 * f + 2 * h)
+    attn = 3 * cfg.q_dim + 4 * cfg.kv_dim + 4 * h
+    layers = t * max(mlp, attn) * act_bytes
+    head = t * 2 * h * act_bytes + b * cfg.vocab_size * (act_bytes + 4)  # after the last layer
+    return max(layers, head)
+
+
+def serving_reserve(model: ModelLike, *, batch_size: int = 1, seq_len: int = 2048,
+                    prefill_tokens: int | None = None, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
+                    fragmentation: float = DEFAULT_FRAGMENTATION) -> Reserve:
+    """The reserve for CUDA context, activations and fragmentation. Introduced in Chapter 11.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        batch_size: sequences served together.
+        seq_len: tokens per sequence (the prompt is at most this long).
+        prefill_tokens: tokens per prefill forward pass (chunked prefill, as in vLLM); None: the whole batch's
+            prompts in one pass (batch_size × seq_len, as ``model.generate`` does).
+        cuda_context_bytes: CUDA context and workspaces (default 1 GiB, see :data:`DEFAULT_CUDA_CONTEXT`).
+        fragmentation: fraction of the allocated tensors added for fragmentation (default 0.05).
+
+    Returns:
+        The reserve.
+    """
+    b = check_positive("batch_size", batch_size)
+    s = check_positive("seq_len", seq_len)
+    check_positive("cuda_context_bytes", cuda_context_bytes, allow_zero=True)
+    if not 0.0 <= fragmentation < 1.0:
+        raise MemlibError(f"fragmentation must be in [0, 1), got {fragmentation!r}")
+    tokens = b * s if prefill_tokens is None else min(check_positive("prefill_tokens", prefill_tokens), b * s)
+    act = forward_activation_bytes(model, tokens, b)
+    return Reserve(int(cuda_context_bytes), act, float(fragmentation), prefill_tokens)
+
+
+def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1, seq_len: int = 2048,
+                weights: str = "fp16", kv_dtype: str = "fp16", layout: str | None = None,
+                prefill_tokens: int | None = None, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
+                fragmentation: float = DEFAULT_FRAGMENTATION) -> ServingFit:
+    """Weights + KV cache (from :func:`memlib.estimate.estimate_inference`) + reserve vs a GPU. Chapter 11.
+
+    total = (weights + KV + activations) × (1 + fragmentation) + CUDA context.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        gpu_memory_bytes: the GPU's memory in bytes (e.g. ``24 * GiB``).
+        batch_size: sequences served together.
+        seq_len: tokens per sequence held in the cache (prompt + generated).
+        weights: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``int4`` or ``nf4``.
+        kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
+        layout: KV layout (``"mha"``, ``"gqa"``, ``"mqa"``) or None (as configured).
+        prefill_tokens: see :func:`serving_reserve`.
+        cuda_context_bytes: see :func:`serving_reserve`.
+        fragmentation: see :func:`serving_reserve`.
+
+    Returns:
+        The fit, term by term.
+    """
+    gpu = check_positive("gpu_memory_bytes", gpu_memory_bytes)
+    cfg = load_config(model)
+    est = estimate_inference(cfg, batch_size=batch_size, seq_len=seq_len, weights=weights, kv_dtype=kv_dtype)
+    kv = est.kv_cache_bytes
+    if layout is not None:
+        kv = kv_bytes_per_token(cfg, kv_dtype, layout=layout) * int(seq_len) * int(batch_size)
+    res = serving_reserve(cfg, batch_size=batch_size, seq_len=seq_len, prefill_tokens=prefill_tokens,
+                          cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
+    allocated = est.weights_bytes + kv + res.activation_bytes
+    frag = int(math.ceil(allocated * res.fragmentation))
+    total = allocated + frag + res.cuda_context_bytes
+    settings = dict(est.settings, layout=layout or "as configured", prefill_tokens=prefill_tokens)
+    return ServingFit(est.weights_bytes, kv, res.activation_bytes, frag, res.cuda_context_bytes, total, gpu,
+                      total <= gpu, settings)
+
+
+def _largest(fits: Any, hi_start: int, cap: int) -> int:
+    """Largest n in [0, cap] with fits(n) (fits monotone decreasing in n; fits(0) taken as True)."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, min(hi_start, cap)
+    while hi < cap and fits(hi):
+        lo, hi = hi, min(2 * hi, cap)
+    if fits(hi):
+        return hi
+    while hi - lo > 1:  # fits(lo) and not fits(hi)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def max_batch_size(model: ModelLike, gpu_memory_bytes: int, *, seq_len: int = 2048, weights: str = "fp16",
+                   kv_dtype: str = "fp16", layout: str | None = None, prefill_tokens: int | None = None,
+                   cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT, fragmentation: float = DEFAULT_FRAGMENTATION,
+                   limit: int = 1 << 20) -> int:
+    """The largest batch of ``seq_len``-token sequences that fits the GPU (0 if none). Chapter 11.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        gpu_memory_bytes: the GPU's memory in bytes.
+        seq_len: tokens per sequence.
+        weights: weight format (see :func:`serving_fit`).
+        kv_dtype: KV-cache dtype.
+        layout: KV layout or None.
+        prefill_tokens: see :func:`serving_reserve`.
+        cuda_context_bytes: see :func:`serving_reserve`.
+        fragmentation: see :func:`serving_reserve`.
+        limit: the search stops here (returned if even this batch fits).
+
+    Returns:
+        The batch size.
+    """
+    check_positive("limit", limit)
+    cfg = load_config(model)
+
+    def fits(b: int) -> bool:
+        return serving_fit(cfg, gpu_memory_bytes, batch_size=b, seq_len=seq_len, weights=weights,
+                           kv_dtype=kv_dtype, layout=layout, prefill_tokens=prefill_tokens,
+                           cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation).fits
+
+    return _largest(fits, 16, limit)
+
+
+def max_seq_len(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1, weights: str = "fp16",
+                kv_dtype: str = "fp16", layout: str | None = None, prefill_tokens: int | None = None,
+                cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT, fragmentation: float = DEFAULT_FRAGMENTATION,
+                limit: int = 1 << 24) -> int:
+    """The longest context (tokens per sequence) at ``batch_size`` that fits the GPU (0 if none). Chapter 11.
+
+    Memory only: the model's ``max_position_embeddings`` is not applied (compare it yourself).
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        gpu_memory_bytes: the GPU's memory in bytes.
+        batch_size: sequences served together.
+        weights: weight format (see :func:`serving_fit`).
+        kv_dtype: KV-cache dtype.
+        layout: KV layout or None.
+        prefill_tokens: see :func:`serving_reserve`.
+        cuda_context_bytes: see :func:`serving_reserve`.
+        fragmentation: see :func:`serving_reserve`.
+        limit: the search stops here.
+
+    Returns:
+        Tokens per sequence.
+    """
+    check_positive("limit", limit)
+    cfg = load_config(model)
+
+    def fits(s: int) -> bool:
+        return serving_fit(cfg, gpu_memory_bytes, batch_size=batch_size, seq_len=s, weights=weights,
+                           kv_dtype=kv_dtype, layout=layout, prefill_tokens=prefill_tokens,
+                           cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation).fits
+
+    return _largest(fits, 1024, limit)
+
+
+def batch_context_frontier(model: ModelLike, gpu_memory_bytes: int, seq_lens: Sequence[int], *,
+                           weights: str = "fp16", kv_dtype: str = "fp16", layout: str | None = None,
+                           prefill_tokens: int | None = None, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
+                           fragmentation: float = DEFAULT_FRAGMENTATION) -> list[tuple[int, int]]:
+    """The batch × context frontier: for each context length, the largest batch that fits. Chapter 11.
+
+    Returns:
+        ``[(seq_len, max_batch), ...]`` in the order given; every point below the frontier fits.
+    """
+    cfg = load_config(model)
+    return [(int(s), max_batch_size(cfg, gpu_memory_bytes, seq_len=s, weights=weights, kv_dtype=kv_dtype,
+                                    layout=layout, prefill_tokens=prefill_tokens,
+                                    cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation))
+            for s in seq_lens]
+
+
+def group_quant_bits(bits: int, group_size: int, scale_bits: int = 16, zero_bits: int = 0) -> float:
+    """Bits per weight of group-wise quantization: the codes plus one scale (and zero-point) per group.
+
+    Introduced in Chapter 11. GPTQ/AWQ 4-bit with groups of 128, fp16 scales and 4-bit zero-points:
+    4 + (16 + 4)/128 = 4.156 bits; bitsandbytes' 4-bit with fp32 absmax per 64: 4 + 32/64 = 4.5 bits
+    (memlib's ``int4``); NF4 with double quantization: 4 + 8/64 + 32/(64·256) = 4.127 bits (``nf4``).
+
+    Args:
+        bits: bits per code (4, 8).
+        group_size: weights sharing one scale.
+        scale_bits: bits per scale.
+        zero_bits: bits per zero-point (0 for symmetric quantization).
+
+    Returns:
+        Bits per weight.
+    """
+    b = check_positive("bits", bits)
+    g = check_positive("group_size", group_size)
+    check_positive("scale_bits", scale_bits, allow_zero=True)
+    check_positive("zero_bits", zero_bits, allow_zero=True)
+    return b + (scale_bits + zero_bits) / g
+
+
+def paged_kv_tokens(seq_lens: Sequence[int], block_size: int = 16) -> int:
+    """KV slots a paged cache allocates for sequences of these lengths: whole blocks, rounded up. Chapter 11.
+
+    PagedAttention (Kwon et al. 2023, vLLM) stores the cache in fixed blocks of ``block_size`` tokens
+    (16 by default in vLLM), allocated as the sequence grows, so each sequence wastes less than one block.
+    Compare ``len(seq_lens) × max_len`` slots for a contiguous cache reserved up front for the longest
+    allowed sequence.
+
+    Args:
+        seq_lens: tokens held per sequence.
+        block_size: tokens per block.
+
+    Returns:
+        Token slots allocated.
+    """
+    bs = check_positive("block_size", block_size)
+    return sum(-(-check_positive("seq_len", s, allow_zero=True) // bs) * bs for s in seq_lens)
