@@ -14,7 +14,7 @@ from typing import Any
 from .configs import ModelConfig, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .lora import LORA_TARGETS, METHODS, lora_params, qlora_base_bytes
+from .lora import LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
 from .params import count_params
 
 __all__ = [
@@ -163,7 +163,7 @@ def _optimizer_state_bytes(n_params: int, small_params: int, precision: str, opt
         return int(per_param * n_params)
     master = 0.0 if precision in ("fp32", "bf16") else 4.0
     big = n_params - small_params
-    small_state = 4.0 if precision != "bf16" else 2.0
+    small_state = 4.0  # bitsandbytes keeps fp32 states for tensors < 4096 elements, whatever the param dtype
     return int(master * n_params + 2 * big * (1 + 4 / _BNB_BLOCK) + 2 * small_params * small_state)
 
 
@@ -317,7 +317,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
         ZeRO-3 adds two gathered layers of weights and one of gradients (the largest of a decoder layer and
         the embedding); DeepSpeed's communication buckets are not counted. LoRA activations are taken
-        as full fine-tuning's (``lora_dropout=0``); the CPU side of offload omits DeepSpeed's pinned buffers.
+        full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
+        side of offload omits DeepSpeed's pinned buffers.
     """
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
@@ -371,7 +372,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         base = qlora_base_bytes(cfg) if method == "qlora" else int(w * n)
         p_bytes = base + 4 * n_train  # fp32 adapters
         g_bytes = 4 * n_train
-        o_bytes = _optimizer_state_bytes(n_train, 0, "fp32", optimizer)
+        o_bytes = _optimizer_state_bytes(n_train, lora_small_tensor_params(cfg, rank, lora_targets), "fp32",
+                                         optimizer)
     settings["trainable_params"] = n_train
     if zero_stage >= 1:
         o_bytes = -(-o_bytes // n_gpus)
@@ -415,6 +417,15 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     L, h, V, f = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     e = 4 if precision == "fp32" else 2
     T = b * s
+    if method != "full" and cfg.model_type != "gpt2":
+        # LoRA (peft, lora_dropout=0; measured in Chapter 9): frozen weights drop what only their weight
+        # gradients needed — the RMSNorms' normalized and weighted outputs, the MLP product feeding down_proj,
+        # the final RMSNorm's tensors — and every adapted Linear adds an fp32 copy of its input (peft casts x
+        # to the adapter's dtype) and lora_A's rank-r output.
+        by_name = {t.name: t.bytes for t in terms}
+        adapters = sum(4 * T * i + 4 * T * rank for _, i, _ in targeted_linears(cfg, lora_targets))
+        per_layer += adapters - by_name["RMSNorm normalized and weighted outputs ×2"] - e * T * f
+        outside -= by_name["final RMSNorm"]
     layer_input = e * T * h  # what full recomputation keeps per layer
     if recompute == "full":
         k_seg = min(k_seg, L)

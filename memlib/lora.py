@@ -9,7 +9,8 @@ from .dtypes import WEIGHT_FORMATS
 from .errors import check_choice, check_positive
 from .params import count_params
 
-__all__ = ["LORA_TARGETS", "METHODS", "layer_linears", "lora_params", "frozen_linear_params", "qlora_base_bytes"]
+__all__ = ["LORA_TARGETS", "METHODS", "layer_linears", "targeted_linears", "lora_params", "lora_small_tensor_params",
+           "frozen_linear_params", "qlora_base_bytes"]
 
 #: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
 #: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
@@ -37,7 +38,8 @@ def layer_linears(cfg: ModelConfig) -> list[tuple[str, int, int]]:
     return out
 
 
-def _targeted(cfg: ModelConfig, targets: str) -> list[tuple[str, int, int]]:
+def targeted_linears(cfg: ModelConfig, targets: str) -> list[tuple[str, int, int]]:
+    """The (name, in, out) Linear layers of one block that get an adapter for ``targets``. Chapter 9."""
     check_choice("lora targets", targets, LORA_TARGETS)
     linears = layer_linears(cfg)
     if targets == "all-linear":
@@ -66,7 +68,18 @@ def lora_params(model: str | Path | dict[str, Any] | ModelConfig, rank: int = 16
     """
     cfg = load_config(model)
     r = check_positive("lora rank", rank)
-    return cfg.num_layers * sum(r * (i + o) for _, i, o in _targeted(cfg, targets))
+    return cfg.num_layers * sum(r * (i + o) for _, i, o in targeted_linears(cfg, targets))
+
+
+def lora_small_tensor_params(model: str | Path | dict[str, Any] | ModelConfig, rank: int = 16,
+                             targets: str = "all-linear", threshold: int = 4096) -> int:
+    """Adapter parameters in tensors of fewer than ``threshold`` elements (bitsandbytes' 8-bit optimizers keep
+    32-bit states for those). Introduced in Chapter 9."""
+    cfg = load_config(model)
+    r = check_positive("lora rank", rank)
+    small = sum((r * i if r * i < threshold else 0) + (o * r if o * r < threshold else 0)
+                for _, i, o in targeted_linears(cfg, targets))
+    return cfg.num_layers * small
 
 
 def frozen_linear_params(model: str | Path | dict[str, Any] | ModelConfig) -> int:

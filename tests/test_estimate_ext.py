@@ -57,7 +57,10 @@ def test_lora_and_qlora_states() -> None:
     assert lora.params_bytes == 2 * count_params("llama-2-7b").params + 4 * n_t
     assert qlora.params_bytes == qlora_base_bytes("llama-2-7b") + 4 * n_t
     assert qlora.total_bytes < lora.total_bytes < full.total_bytes
-    assert lora.activations_bytes == full.activations_bytes
+    # frozen weights save less; each adapted Linear adds an fp32 copy of its input (Chapter 9 measures it)
+    assert lora.activations_bytes > full.activations_bytes  # all-linear: the fp32 copies dominate
+    qv = estimate_training("llama-2-7b", batch_size=1, seq_len=512, method="lora", lora_targets="qv")
+    assert qv.activations_bytes < full.activations_bytes
     assert lora.settings["trainable_params"] == n_t
 
 
@@ -142,7 +145,10 @@ def test_offload_never_raises_gpu_memory_and_qlora_never_exceeds_lora(name: str,
         assert off3.cpu_bytes >= off.cpu_bytes
     lora = estimate_training(name, method="lora", **kw)
     qlora = estimate_training(name, method="qlora", **kw)
-    assert qlora.total_bytes <= lora.total_bytes <= plain.total_bytes
+    assert qlora.total_bytes <= lora.total_bytes
+    # LoRA is not always below full fine-tuning: peft's fp32 input copies can outweigh ZeRO-sharded states
+    assert lora.params_bytes + lora.grads_bytes + lora.optimizer_bytes <= (
+        estimate_training(name, **{**kw, "zero_stage": 0, "num_gpus": 1}).model_states_bytes)
 
 
 def test_cli_train_new_flags(capsys: pytest.CaptureFixture[str]) -> None:
