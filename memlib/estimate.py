@@ -432,8 +432,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         saved_layers = -(-L // k_seg) * layer_input
         live_layer = k_seg * per_layer  # one segment re-materialized during backward
     elif recompute == "selective":
-        core = sum(t.bytes for t in terms if t.per_layer and ("softmax" in t.name or "dropout mask" in t.name
-                                                             and "attention" in t.name or "log-sum-exp" in t.name))
+        core = sum(t.bytes for t in terms if t.per_layer and ("softmax" in t.name or "attention dropout" in t.name
+                                                             or "log-sum-exp" in t.name))
         saved_layers = L * (per_layer - core)
         live_layer = core
     else:
@@ -448,16 +448,22 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     grad_total = g_bytes
     g_per_param = g_bytes / n_train
     layer_params = count_params(cfg).per_layer
+    grad_per_layer = int(g_per_param * layer_params) if full else g_bytes // L
     head_grad = int(g_per_param * (n - L * layer_params)) if full else 0
     vh_grad = int(g_per_param * V * h) if full else 0
     mlp_temp = 3 * e * T * f + 2 * e * T * h
+    if attention == "eager" and recompute != "none":
+        # the backward of a re-materialized eager attention core holds s²-sized temporaries (the probabilities'
+        # gradient and the softmax backward): ≈ 5·b·a·s² bytes in 16-bit training, measured in Chapter 4
+        mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
     logsm = 4 * T * V
     candidates = [
         activations + 2 * logsm,  # loss backward: grad of log-softmax + fp32 logits gradient
         activations - logsm + e * T * V + e * T * h + vh_grad,  # LM-head backward
         activations - logsm + head_grad + live_layer + mlp_temp,  # first layer's backward
         # embedding backward, the end; a tied matrix adds its embedding gradient out of place (old + new + sum)
-        grad_total + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
+        # (with k-layer segments, the bottom segment's other k - 1 layers have no gradients yet)
+        grad_total - (k_seg - 1) * grad_per_layer + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
     ]
     backward_extra = max(candidates)
     backward_peak = p_bytes + o_bytes + backward_extra
