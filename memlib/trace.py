@@ -413,15 +413,32 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
     except ImportError:  # pragma: no cover
         raise ImportError("building models needs transformers: pip install transformers") from None
     transformers.logging.set_verbosity_error()
-    hf_cfg = transformers.AutoConfig.for_model(**raw)
+    config_cls, model_cls = _model_classes(raw["model_type"])
+    hf_cfg = config_cls(**raw)
     hf_cfg._attn_implementation = attention
     hf_cfg.use_cache = False
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     with torch.device(device):
-        net = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention)
+        net = model_cls._from_config(hf_cfg, attn_implementation=attention)
     net = net.to(torch_dtype)
     net.train()
     return net
+
+
+# model_type -> (config class, causal-LM class), imported from their own modules: the auto classes would
+# import transformers' whole auto machinery first (a third of a second of `memlib trace`).
+_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+            "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+
+
+def _model_classes(model_type: str) -> tuple[Any, Any]:
+    import importlib
+
+    config_name, model_name = _CLASSES[model_type]
+    configs = importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}")
+    models = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    return getattr(configs, config_name), getattr(models, model_name)
 
 
 def _make_optimizer(name: str, params: list[Any]) -> Any:
