@@ -45,7 +45,7 @@ class TraceResult:
         peak_phase: ``"forward"``, ``"backward"`` or ``"optimizer"``: where the peak happened.
         device: the device traced (``"meta"``, ``"cpu"``, ``"cuda"``).
         settings: the settings traced (model, batch, seq, precision, optimizer, attention, recompute).
-        method: ``"full"`` (every layer traced) or ``"extrapolated"`` (2 to 5 layers traced, exactly
+        method: ``"full"`` (every layer traced) or ``"extrapolated"`` (3 to 5 layers traced, exactly
             extrapolated; see :func:`trace_training`).
     """
 
@@ -482,8 +482,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         device: ``meta`` (no memory), ``cpu`` (real tensors: small models only) or ``cuda``.
         overrides: config fields to replace, e.g. fewer layers.
         seed: seed for the random inputs and initialization.
-        extrapolate: on the meta device, for models of more than 5 layers, trace the same model with 2, 3,
-            4 and 5 layers and extrapolate to all of them. The decoder layers are identical, so every
+        extrapolate: on the meta device, for models of more than 5 layers, trace the same model with 3, 4
+            and 5 layers and extrapolate to all of them. The decoder layers are identical, so every
             segment's maximum (a layer's forward, its backward, its optimizer step, the rest) is an affine
             function of the layer index and the depth; the fit is checked exactly (integers) on all traced
             points and the full trace runs instead if any point disagrees. The tests compare the two.
@@ -513,7 +513,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
               recompute=recompute, device=device, seed=seed)
     if extrapolate and device == "meta" and num_layers > 5:
         runs = {}
-        for n in (2, 3, 4, 5):
+        for n in (3, 4, 5):
             tracker, _ = _trace_once(cfg, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
             runs[n] = tracker.seg_peaks
         fit = _extrapolate(runs, num_layers)
@@ -681,7 +681,7 @@ _LAYER_ORDER = {"F": 1, "B": -1, "Q": 1}  # direction of time along the layer in
 
 def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], str]]],
                  num_layers: int) -> tuple[int, dict[MemCategory, int], str] | None:
-    """Peak of an ``num_layers``-layer step from segment maxima traced at 2 to 5 layers, or None.
+    """Peak of an ``num_layers``-layer step from segment maxima traced at 3, 4 and 5 layers, or None.
 
     A non-layer segment's maximum must be affine in the depth L; a layer segment's, affine in (k, L). Every
     traced point is checked exactly; any mismatch returns None (the caller then traces the full model).
