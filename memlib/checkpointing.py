@@ -32,6 +32,7 @@ from typing import Any
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
 from .errors import MemlibError, check_choice, check_positive
+from .search import bisect_last
 
 __all__ = [
     "RECOMPUTE_MODES",
@@ -735,15 +736,7 @@ def largest_batch(fits: Callable[[int], bool], *, max_batch: int = 1 << 16, gues
     return _bisect(fits, lo, hi)
 
 
-def _bisect(fits: Callable[[int], bool], lo: int, hi: int) -> int:
-    """Largest b in [lo, hi) with fits(b), given fits(lo) (or lo == 0) and not fits(hi) (or hi past the limit)."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+_bisect = bisect_last  # largest b in [lo, hi) with fits(b), given fits(lo) and not fits(hi)
 
 
 def _cuda_step_fits(model: ModelLike, batch_size: int, seq_len: int, recompute: str, checkpoint_every: int,

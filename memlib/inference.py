@@ -18,6 +18,7 @@ from .configs import ModelConfig, load_config
 from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import KV_DTYPES, estimate_inference
+from .search import largest_fitting
 
 __all__ = [
     "GPU_MEMORY",
@@ -276,20 +277,7 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
 
 def _largest(fits: Any, hi_start: int, cap: int) -> int:
     """Largest n in [0, cap] with fits(n) (fits monotone decreasing in n; fits(0) taken as True)."""
-    if not fits(1):
-        return 0
-    lo, hi = 1, min(hi_start, cap)
-    while hi < cap and fits(hi):
-        lo, hi = hi, min(2 * hi, cap)
-    if fits(hi):
-        return hi
-    while hi - lo > 1:  # fits(lo) and not fits(hi)
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return largest_fitting(fits, start=hi_start, cap=cap)
 
 
 def max_batch_size(model: ModelLike, gpu_memory_bytes: int, *, seq_len: int = 2048, weights: str = "fp16",

@@ -32,6 +32,7 @@ from typing import Any
 
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_training
+from .search import largest_fitting
 
 __all__ = [
     "MODES",
@@ -529,17 +530,4 @@ def max_params_that_fit(gpu_bytes: int, host_bytes: int, offload: str, *, reserv
         return (est.total_bytes + reserve <= gpu_b
                 and est.cpu_bytes * per_node * host_buffer_factor <= host_b)
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > 10**16:
-            return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return largest_fitting(fits, start=2, cap=10**16)

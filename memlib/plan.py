@@ -11,6 +11,7 @@ from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_inference, estimate_training
 from .lora import lora_params, qlora_base_bytes
 from .params import count_params
+from .search import bisect_last
 
 __all__ = ["JOBS", "PRIORITY", "PlanStep", "Plan", "plan", "recompute_overhead", "DEFAULT_RESERVE"]
 
@@ -310,14 +311,8 @@ def _min_gpus(fits: Any, n_gpus: int) -> int | None:
     """Fewest GPUs above ``n_gpus`` (up to 4096) for which ``fits(n)`` holds, by doubling then bisection."""
     lo, n = n_gpus, max(2, 2 * n_gpus)
     while n <= 4096:
-        if fits(n):
-            while lo + 1 < n:  # fits(n) and not fits(lo)
-                mid = (lo + n) // 2
-                if fits(mid):
-                    n = mid
-                else:
-                    lo = mid
-            return n
+        if fits(n):  # not fits(lo): the first that fits is one past the last that does not
+            return bisect_last(lambda m: not fits(m), lo, n) + 1
         lo, n = n, 2 * n
     return None
 
