@@ -337,6 +337,9 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
     flash kernels hold.
     """
     torch = _torch()
+    if query.device.type not in ("cpu", "meta"):  # CUDA: PyTorch's own SDPA picks its flash kernel
+        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                              scale=scale, enable_gqa=enable_gqa)
     if query.device.type == "cpu":
         # The CPU flash kernel has no dropout; CUDA's keeps only an RNG state for it, so the memory held is
         # the same without it. (A memory trace, not a numerics check.)
@@ -345,6 +348,9 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
     )
     return out
+
+
+_ORIGINAL_SDPA: Any = None  # torch's scaled_dot_product_attention, set while _patched is active
 
 
 def _fused_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
@@ -370,7 +376,8 @@ def _patched(flash_sdpa: bool) -> Iterator[None]:
     torch = _torch()
     import transformers.masking_utils as masking
 
-    original_sdpa = torch.nn.functional.scaled_dot_product_attention
+    global _ORIGINAL_SDPA
+    original_sdpa = _ORIGINAL_SDPA = torch.nn.functional.scaled_dot_product_attention
     original_dropout = torch.nn.functional.dropout
     original_probe = masking.find_packed_sequence_indices
     masking.find_packed_sequence_indices = lambda position_ids: None
