@@ -27,12 +27,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
 from .errors import MemlibError, check_choice, check_positive
 from .search import bisect_last
+from .trace import MemoryTracker
 
 __all__ = [
     "RECOMPUTE_MODES",
@@ -135,6 +136,16 @@ def _sac_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+class _CheckpointOptions(TypedDict, total=False):
+    """Optional keyword arguments of ``torch.utils.checkpoint.checkpoint`` that :func:`apply_checkpointing` sets.
+
+    Attributes:
+        context_fn: returns the two context managers the forward pass and the recomputation run under.
+    """
+
+    context_fn: Callable[[], tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]]
+
+
 def apply_checkpointing(net: Any, *, recompute: str = "full", checkpoint_every: int = 1) -> Any:
     """Wrap the decoder layers of a transformers model in ``torch.utils.checkpoint`` (``use_reentrant=False``).
 
@@ -153,7 +164,8 @@ def apply_checkpointing(net: Any, *, recompute: str = "full", checkpoint_every: 
     Returns:
         ``net``, changed in place.
     """
-    torch = _torch()
+    _torch()
+    from torch import nn
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     check_choice("recompute", recompute, RECOMPUTE_MODES)
@@ -169,10 +181,10 @@ def apply_checkpointing(net: Any, *, recompute: str = "full", checkpoint_every: 
     if recompute == "sac":
         k = 1
 
-    class Segment(torch.nn.Module):
+    class Segment(nn.Module):
         def __init__(self, run: list[Any]) -> None:
             super().__init__()
-            self.run = torch.nn.ModuleList(run)
+            self.run = nn.ModuleList(run)
 
         def _forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             for layer in self.run:
@@ -180,10 +192,10 @@ def apply_checkpointing(net: Any, *, recompute: str = "full", checkpoint_every: 
             return hidden_states
 
         def forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-            extra = {"context_fn": context_fn} if context_fn is not None else {}
+            extra: _CheckpointOptions = {"context_fn": context_fn} if context_fn is not None else {}
             return checkpoint(self._forward, hidden_states, *args, use_reentrant=False, **extra, **kwargs)
 
-    class PassThrough(torch.nn.Module):
+    class PassThrough(nn.Module):
         def forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             return hidden_states
 
@@ -254,22 +266,21 @@ class RecomputeMeasurement:
         return asdict(self)
 
 
-class _ActivationTracker:
-    """A :class:`memlib.trace.MemoryTracker` that also records the peak of non-state bytes."""
+class _ActivationTracker(MemoryTracker):
+    """A :class:`memlib.trace.MemoryTracker` that also records the peak of non-state bytes.
 
-    def __new__(cls, device_type: str) -> Any:
-        from .trace import MemoryTracker
+    Attributes:
+        act_peak: peak of the live bytes that are not parameters, gradients, buffers or optimizer states.
+    """
 
-        class Tracker(MemoryTracker):
-            act_peak = 0
+    act_peak = 0
 
-            def register(self, t: Any, category: MemCategory | None = None) -> None:
-                super().register(t, category)
-                states = (self.totals[MemCategory.PARAM] + self.totals[MemCategory.GRAD]
-                          + self.totals[MemCategory.BUFFER] + self.totals[MemCategory.OPTIMIZER])
-                self.act_peak = max(self.act_peak, self.total - states)
-
-        return Tracker(device_type)
+    def register(self, t: Any, category: MemCategory | None = None) -> None:
+        """Count ``t`` as :meth:`memlib.trace.MemoryTracker.register` does, then update ``act_peak``."""
+        super().register(t, category)
+        states = (self.totals[MemCategory.PARAM] + self.totals[MemCategory.GRAD]
+                  + self.totals[MemCategory.BUFFER] + self.totals[MemCategory.OPTIMIZER])
+        self.act_peak = max(self.act_peak, self.total - states)
 
 
 def _model_dtype(precision: str) -> str:
@@ -381,11 +392,24 @@ def _patch_build_model(recompute: str, checkpoint_every: int) -> Iterator[None]:
         return apply_checkpointing(original(*args, **kwargs), recompute=recompute,
                                    checkpoint_every=checkpoint_every)
 
-    trace.build_model = build  # type: ignore[assignment]
+    trace.build_model = build
     try:
         yield
     finally:
-        trace.build_model = original  # type: ignore[assignment]
+        trace.build_model = original
+
+
+class _TraceOptions(TypedDict):
+    """The settings :func:`trace_recompute` hands :func:`memlib.trace.trace_training` whatever the mode."""
+
+    batch_size: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    attention: str
+    device: str
+    overrides: dict[str, Any] | None
+    seed: int
 
 
 def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, precision: str = "bf16",
@@ -404,16 +428,16 @@ def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
     from .trace import TraceResult, trace_training
 
     check_choice("recompute", recompute, RECOMPUTE_MODES)
-    kw = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer, attention=attention,
-              device=device, overrides=overrides, seed=seed)
+    kw: _TraceOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                             attention=attention, device=device, overrides=overrides, seed=seed)
     if recompute == "none" or (recompute == "full" and checkpoint_every == 1):
         # transformers' own gradient checkpointing is our k = 1 (byte for byte, see the tests); trace_training
         # may then extrapolate from 2-4 traced layers, which segments of k > 1 layers would break.
-        res = trace_training(model, recompute=recompute, **kw)  # type: ignore[arg-type]
+        res = trace_training(model, recompute=recompute, **kw)
     else:
         with _patch_build_model(recompute, checkpoint_every), \
                 _maybe(recompute == "selective", selective_attention_core):
-            res = trace_training(model, recompute="none", extrapolate=False, **kw)  # type: ignore[arg-type]
+            res = trace_training(model, recompute="none", extrapolate=False, **kw)
     settings = dict(res.settings, recompute=recompute, checkpoint_every=checkpoint_every)
     return TraceResult(res.peak_bytes, res.by_category, res.peak_phase, res.device, settings, res.method)
 

@@ -138,11 +138,11 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.command == "infer":
         from .estimate import estimate_inference
 
-        est = estimate_inference(args.model, batch_size=args.batch, seq_len=args.seq, weights=args.weights,
+        inf = estimate_inference(args.model, batch_size=args.batch, seq_len=args.seq, weights=args.weights,
                                  kv_dtype=args.kv_dtype)
-        data = est.as_dict()
+        data = inf.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
-        head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
+        head = ", ".join(f"{k}={v}" for k, v in inf.settings.items())
         return data, _table(rows, f"inference memory ({head})")
     if args.command == "plan":
         from .plan import plan

@@ -246,10 +246,11 @@ def flash_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 @functools.cache
-def _flash_fn_class() -> type:
-    torch = _torch()
+def _flash_fn_class() -> type[torch.autograd.Function]:
+    _torch()
+    from torch.autograd import Function
 
-    class FlashAttentionFn(torch.autograd.Function):  # type: ignore[misc, name-defined]
+    class FlashAttentionFn(Function):
         """FlashAttention as an autograd Function: saves only q, k, v, out and the log-sum-exp.
 
         Introduced in Chapter 10. Call ``FlashAttentionFn.apply(q, k, v, causal, block_q, block_k, scale)``

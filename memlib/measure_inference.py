@@ -340,6 +340,10 @@ def measure_serving(model: Any = "qwen2-0.5b", *, device: str = "cuda", batch_si
     kv = storage_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
     tokens = int(cache.get_seq_length())
     free1 = torch.cuda.mem_get_info()[0] if cuda else None
+    used = used_before_model = None
+    if cuda:
+        assert free0 is not None and total is not None and free1 is not None  # mem_get_info() read them
+        used, used_before_model = total - free1, total - free0
     return {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
@@ -353,7 +357,7 @@ def measure_serving(model: Any = "qwen2-0.5b", *, device: str = "cuda", batch_si
         "formula_kv_bytes": kv_bytes_per_token(mc, dtype) * tokens * batch_size,
         "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
         "max_memory_reserved": torch.cuda.max_memory_reserved() if cuda else None,
-        "device_used_bytes": total - free1 if cuda else None,
-        "device_used_before_model_bytes": total - free0 if cuda else None,
+        "device_used_bytes": used,
+        "device_used_before_model_bytes": used_before_model,
         "device_total_bytes": total,
     }

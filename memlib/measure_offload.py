@@ -17,7 +17,7 @@ import statistics
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from .errors import MemlibError, check_choice, check_positive
 
@@ -26,6 +26,18 @@ __all__ = ["ADAM_IMPLEMENTATIONS", "deepspeed_offload_estimators", "cpu_adam_thr
 
 #: CPU Adam implementations :func:`cpu_adam_throughput` can time.
 ADAM_IMPLEMENTATIONS = ("torch-foreach", "torch-fused", "torch-for-loop", "deepspeed")
+
+
+class _AdamWImpl(TypedDict, total=False):
+    """The ``torch.optim.AdamW`` keyword that selects its implementation (foreach, fused or a for loop).
+
+    Attributes:
+        foreach: use the multi-tensor (foreach) kernels.
+        fused: use the fused kernel.
+    """
+
+    foreach: bool
+    fused: bool
 
 
 def cpu_adam_throughput(n_params: int = 4_000_000, *, implementation: str = "torch-foreach", tensors: int = 4,
@@ -66,8 +78,9 @@ def cpu_adam_throughput(n_params: int = 4_000_000, *, implementation: str = "tor
 
             opt: Any = DeepSpeedCPUAdam(params, lr=1e-4, adamw_mode=True)
         else:
-            kwargs = {"torch-foreach": {"foreach": True}, "torch-fused": {"fused": True},
-                      "torch-for-loop": {"foreach": False}}[implementation]
+            impls: dict[str, _AdamWImpl] = {"torch-foreach": {"foreach": True}, "torch-fused": {"fused": True},
+                                            "torch-for-loop": {"foreach": False}}
+            kwargs = impls[implementation]
             opt = torch.optim.AdamW(params, lr=1e-4, **kwargs)
         opt.step()  # warm-up: allocates m and v
         times = []

@@ -92,6 +92,7 @@ def trace_lora_step(model: str | Path | dict[str, Any] | ModelConfig, *, rank: i
         tracker.register(p, MemCategory.PARAM)
     for buf in net.buffers():
         tracker.register(buf, MemCategory.BUFFER)
+    opt: torch.optim.Optimizer
     if optimizer == "adamw":
         opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
     else:
@@ -188,7 +189,9 @@ def optimizer_state_bytes(optimizer: Any) -> tuple[int, dict[str, int]]:
     """
     import torch
 
-    total, by_kind, seen = 0, {}, set()
+    total = 0
+    by_kind: dict[str, int] = {}
+    seen: set[int] = set()
     for st in optimizer.state.values():
         for name, value in st.items():
             if not isinstance(value, torch.Tensor):

@@ -168,6 +168,7 @@ def placement(mode: str, implementation: str = "deepspeed", tier: str = "cpu") -
     """
     _check(mode, implementation, tier)
     off = tier
+    states: tuple[StatePlacement, ...]
     if mode == "none":
         states = (StatePlacement("16-bit weights", 2, "gpu"), StatePlacement("16-bit gradients", 2, "gpu"),
                   StatePlacement("fp32 master weights", 4, "gpu"), StatePlacement("Adam m and v (fp32)", 8, "gpu"))

@@ -269,9 +269,10 @@ def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int) -> list[tuple[str
 
 
 # What switching a rung off restores (for pruning).
-_OFF = {"gradient accumulation": {"_accumulation_on": False}, "activation checkpointing": {"recompute": "none"},
-        "ZeRO-2": {"zero_stage": 0}, "8-bit AdamW": {"optimizer": "adamw"}, "ZeRO-3": {"zero_stage": 2},
-        "CPU offload": {"offload": "none"}}
+_OFF: dict[str, dict[str, Any]] = {
+    "gradient accumulation": {"_accumulation_on": False}, "activation checkpointing": {"recompute": "none"},
+    "ZeRO-2": {"zero_stage": 0}, "8-bit AdamW": {"optimizer": "adamw"}, "ZeRO-3": {"zero_stage": 2},
+    "CPU offload": {"offload": "none"}}
 
 
 def _prune(steps: list[PlanStep], idx: int, kw: dict[str, Any], est: Any, budget: int, method: str) -> PlanStep:

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
@@ -516,8 +516,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
     layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
-    kw = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer, attention=attention,
-              recompute=recompute, device=device, seed=seed)
+    kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                            attention=attention, recompute=recompute, device=device, seed=seed)
     if extrapolate and device == "meta" and num_layers > 5:
         runs = {}
         for n in (3, 4, 5):
@@ -533,6 +533,19 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     tracker, settings = _trace_once(cfg, overrides=overrides, segments=False, **kw)
     return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
+
+
+class _StepOptions(TypedDict):
+    """The settings :func:`trace_training` hands :func:`_trace_once` for every depth it traces."""
+
+    batch_size: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    attention: str
+    recompute: str
+    device: str
+    seed: int
 
 
 def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
@@ -636,7 +649,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
 
 def _decoder_layers(net: Any) -> Any:
     """The ModuleList of decoder layers of a transformers causal LM (llama-like or GPT-2)."""
-    inner = getattr(net, "model", None) or getattr(net, "transformer", None)
+    inner: Any = getattr(net, "model", None) or getattr(net, "transformer", None)
     layers = getattr(inner, "layers", None)
     return layers if layers is not None else inner.h
 

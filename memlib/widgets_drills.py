@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from .drills import CHAPTERS, Drill, grade, make_drills, parse_answer
 from .errors import MemlibError
@@ -55,6 +55,13 @@ def next_card(seed: int, kinds: Iterable[str] | None = None) -> CardState:
     return CardState(drill, "", None)
 
 
+class _FlashcardState(TypedDict):
+    """The flashcard widget's mutable state: the current seed and the card on show."""
+
+    seed: int
+    card: CardState
+
+
 def flashcard_widget(seed: int = 0, kinds: Iterable[str] | None = None) -> Any:
     """A flashcard: the question, an answer box, Check, Reveal and Next buttons.
 
@@ -65,7 +72,7 @@ def flashcard_widget(seed: int = 0, kinds: Iterable[str] | None = None) -> Any:
     except ImportError:  # pragma: no cover
         raise ImportError("the flashcard needs ipywidgets: pip install ipywidgets") from None
     kinds = None if kinds is None else list(kinds)
-    state = {"seed": seed, "card": next_card(seed, kinds)}
+    state: _FlashcardState = {"seed": seed, "card": next_card(seed, kinds)}
     question = w.HTML()
     box = w.Text(placeholder="your answer, e.g. 21.5", description="Answer:")
     check, reveal, nxt = w.Button(description="Check"), w.Button(description="Reveal"), w.Button(description="Next")

@@ -28,9 +28,8 @@ def inference_view(model: str = "llama-7b", gpu_memory_gib: float = 24.0, weight
         ``({"max_batch": …, "max_seq_len": …}, figure, verdict)``.
     """
     gpu = int(gpu_memory_gib * GiB)
-    kw = dict(weights=weights, kv_dtype=kv_dtype)
-    limits = {"max_batch": max_batch_size(model, gpu, seq_len=seq_len, **kw),
-              "max_seq_len": max_seq_len(model, gpu, batch_size=batch_size, **kw)}
+    limits = {"max_batch": max_batch_size(model, gpu, seq_len=seq_len, weights=weights, kv_dtype=kv_dtype),
+              "max_seq_len": max_seq_len(model, gpu, batch_size=batch_size, weights=weights, kv_dtype=kv_dtype)}
     fig = frontier_figure(model, gpu, kv_dtype=kv_dtype, highlight=weights, point=(seq_len, batch_size),
                           formats=("fp16", "int8", "int4", "nf4") if weights in ("fp16", "int8", "int4", "nf4")
                           else (weights, "fp16", "int8", "int4", "nf4"))

@@ -19,6 +19,7 @@ def plan_view(model: str = "llama-2-7b", job: str = "train", num_gpus: int = 8, 
     fig = ladder_figure(result)
     if result.fits:
         ch = result.chosen
+        assert ch is not None  # plan() sets chosen whenever fits is True
         rungs = [s.technique for s in result.steps if s.needed or s.technique in ("bf16 mixed precision",
                                                                                    "FlashAttention")]
         verdict = (f"fits: {ch.per_gpu_bytes / GB:.1f} GB per GPU with " + " + ".join(rungs or ["nothing"]))
