@@ -200,18 +200,20 @@ def answer_numbers() -> dict[str, Number]:
         "sum(state_bytes_per_param('bf16-mixed', 'adamw'))")
     # offloading (ZeRO-Offload: fp16 params on GPU; gradients, master weights and moments on CPU)
     put("off7_gpu", _gb(2 * p7), "2Φ (16-bit weights), Φ = count_params('llama-7b').params")
-    put("off7_cpu", _gb(14 * p7), "14Φ (16-bit gradients + fp32 master, m, v)")
-    put("off7_pcie", f"{4 * p7 / 25e9:.1f} s", "4Φ bytes (gradients down, weights up) / 25 GB/s")
+    put("off7_cpu", _gb(estimate_training(params=p7, offload="optimizer").cpu_bytes),
+        "estimate_training(params=Φ, offload='optimizer').cpu_bytes = 16Φ (fp32 master, m, v + fp32 gradients)")
+    put("off7_pcie", f"{2 * p7 / 25e9:.2f} s", "2Φ bytes each way (gradients down, weights up, both directions at "
+        "once) / 25 GB/s per direction")
     # LoRA / QLoRA
     for tgt in ("attn", "all"):
         lp = _lora_params("llama-7b", 16, tgt)
         put(f"lora7_{tgt}", f"{lp / 1e6:.1f} M", f"r·(d_in + d_out) per adapted matrix, r = 16, targets={tgt}")
         put(f"lora7_{tgt}_pct", f"{100 * lp / p7:.2f} %", "LoRA params / count_params('llama-7b').params")
     lp = _lora_params("llama-7b", 16, "all")
-    put("lora7_states", _gb(16 * lp, 2), "16 bytes × LoRA params (bf16 weight and grad, fp32 master, m, v)")
+    put("lora7_states", _gb(16 * lp, 2), "16 bytes × LoRA params (peft's fp32 adapter weight and grad, fp32 m, v)")
     lp70 = _lora_params("llama-2-70b", 16, "all")
     put("lora70_all", f"{lp70 / 1e6:.0f} M", "r·(d_in + d_out) per linear layer of llama-2-70b, r = 16")
-    put("lora70_states", _gb(16 * lp70, 1), "16 bytes × LoRA params (bf16 weight and grad, fp32 master, m, v)")
+    put("lora70_states", _gb(16 * lp70, 1), "16 bytes × LoRA params (peft's fp32 adapter weight and grad, fp32 m, v)")
     put("lora7_frozen", _gb(2 * p7), "2Φ: frozen bf16 base weights")
     put("qlora65_w", _gb(65e9 * weight_bytes_per_param("nf4")), "65e9 × WEIGHT_FORMATS['nf4']")
     put("qlora70_w", _gb(estimate_inference("llama-2-70b", weights="nf4").weights_bytes),
@@ -416,8 +418,8 @@ QUESTIONS: tuple[Question, ...] = (
        them back, or computing on the CPU, when needed. ZeRO-Offload keeps the 16-bit weights on the GPU
        ({{off7_gpu}} for LLaMA-7B) and puts gradients, fp32 master weights, m and v in CPU memory
        ({{off7_cpu}}), where the CPU runs the Adam step. Pro: a single GPU trains models several times larger.
-       Con: every step moves gradients down and weights up over PCIe — 4Φ bytes, {{off7_pcie}} at 25 GB/s for
-       7B — and the CPU's Adam is slow; overlap hides part of it, large batches amortize it.""", _S4,
+       Con: every step moves gradients down and weights up over PCIe — 4Φ bytes, 2Φ each way, {{off7_pcie}} at
+       25 GB/s per direction for 7B — and the CPU's Adam is slow; overlap hides part of it, large batches amortize it.""", _S4,
        SEED_QUESTIONS_ZH[13]),
     _q("s004-5", 11, "M", "quantization", "Why does quantization save memory? How much does INT4 quantization "
        "save?", """
@@ -432,14 +434,17 @@ QUESTIONS: tuple[Question, ...] = (
        copy (2Φ = {{lora7_frozen}} for LLaMA-7B instead of 16Φ = {{states7}}). The trainable low-rank matrices
        B·A (r·(d_in + d_out) per adapted matrix) are tiny: r = 16 on all linear layers of LLaMA-7B is
        {{lora7_all}} parameters ({{lora7_all_pct}} of the model), whose states take {{lora7_states}}. Activations
-       are not reduced (they still flow through the frozen layers), so checkpointing still matters; QLoRA
-       shrinks the frozen weights further to 4 bits.""", _S4, SEED_QUESTIONS_ZH[15]),
+       are not reduced much (they still flow through the frozen layers; Chapter 9 measured −16 % with q, v
+       adapters and +34 % with peft's fp32 adapters on every linear layer, which keep an fp32 copy of each
+       adapted layer's input), so checkpointing still matters; QLoRA shrinks the frozen weights to 4 bits.""", _S4, SEED_QUESTIONS_ZH[15]),
     # ---------------------------------------------------------------- Chapter 1
     _q("b01-1", 1, "E", "inference", "LLaMA-7B in fp16 serves batch 8 at 2048 tokens. How much memory do the "
        "weights and the KV cache take?", """
        Weights {{inf7_w}} (2 bytes × {{p7}}); KV cache 2 × 32 layers × 32 heads × 128 × 2048 × 8 × 2 bytes =
-       {{inf7_kv}}; total {{inf7_total}} = {{inf7_total_gib}}, before workspace and the CUDA context. It barely
-       fits a 24 GiB card — an RTX 3090 as much as a 4090 (both 24 GiB).""", text_zh=""),
+       {{inf7_kv}}; total {{inf7_total}} = {{inf7_total_gib}}, before workspace and the CUDA context. On a 24 GiB
+       card (an RTX 3090 as much as a 4090: both 24 GiB) it is on the edge: with the forward pass's activations,
+       the CUDA context and fragmentation, prefilling all 8 prompts at once needs ≈ 25.9 GB, 0.17 GB too much;
+       prefilling in 2048-token chunks fits (Chapter 11).""", text_zh=""),
     _q("b01-2", 1, "M", "activations", "What do activations scale with, and how large are they for LLaMA-7B at "
        "batch 4 × 4096?", """
        Linearly with batch, sequence and layers (and hidden/MLP width); with eager attention also with
@@ -568,7 +573,7 @@ QUESTIONS: tuple[Question, ...] = (
        text_zh=""),
     _q("b07-2", 7, "H", "offload cost", "What limits the speed of CPU offloading?", """
        PCIe bandwidth and the CPU's Adam throughput. Each step moves gradients down and weights up: 4Φ bytes,
-       {{off7_pcie}} per step for 7B at 25 GB/s (PCIe 4.0 ×16 in practice), and the CPU's Adam step reads and
+       2Φ each way at once, {{off7_pcie}} per step for 7B at 25 GB/s per direction (PCIe 4.0 ×16 in practice), and the CPU's Adam step reads and
        writes the 12 bytes/param of fp32 states. Overlapping transfers with backward and a larger batch per step
        amortize it; ZeRO-Offload's one-step delayed update hides the CPU step at small batch.""", text_zh=""),
     _q("b07-3", 7, "M", "ZeRO-Infinity", "When does ZeRO-Infinity (NVMe offload) make sense?", """
