@@ -24,7 +24,7 @@ from typing import Any
 
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
-from .errors import MemlibError, check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive, require_torch
 
 __all__ = [
     "NORMALIZATIONS",
@@ -69,11 +69,7 @@ DDP_VARIANTS = ("sync-every-micro-step", "no_sync", "no_sync-backward-only")
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError("memlib.accumulation needs PyTorch: pip install torch") from None
-    return torch
+    return require_torch("memlib.accumulation")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any, TypedDict
 
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
-from .errors import MemlibError, check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive, require_torch
 from .search import bisect_last
 from .trace import MemoryTracker
 
@@ -64,11 +64,7 @@ ModelLike = str | Path | dict[str, Any] | ModelConfig
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError("memlib.checkpointing needs PyTorch: pip install torch") from None
-    return torch
+    return require_torch("memlib.checkpointing")
 
 
 # ----------------------------------------------------------------------------------------------- pure model
@@ -382,23 +378,6 @@ def measure_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 5
                                 peak_bytes=int(tracker.peak), params_bytes=int(params), settings=settings)
 
 
-@contextlib.contextmanager
-def _patch_build_model(recompute: str, checkpoint_every: int) -> Iterator[None]:
-    from . import trace
-
-    original = trace.build_model
-
-    def build(*args: Any, **kwargs: Any) -> Any:
-        return apply_checkpointing(original(*args, **kwargs), recompute=recompute,
-                                   checkpoint_every=checkpoint_every)
-
-    trace.build_model = build
-    try:
-        yield
-    finally:
-        trace.build_model = original
-
-
 class _TraceOptions(TypedDict):
     """The settings :func:`trace_recompute` hands :func:`memlib.trace.trace_training` whatever the mode."""
 
@@ -419,7 +398,7 @@ def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
     """:func:`memlib.trace.trace_training` of a whole step under any recomputation mode and interval.
 
     Introduced in Chapter 4 (to check ``estimate_training(recompute=..., checkpoint_every=...)``). The model
-    that ``trace_training`` builds is wrapped by :func:`apply_checkpointing`; ``selective`` runs under
+    that ``trace_training`` builds is wrapped by :func:`apply_checkpointing` (its ``model_hook``); ``selective`` runs under
     :func:`selective_attention_core`.
 
     Returns:
@@ -435,9 +414,11 @@ def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
         # may then extrapolate from 2-4 traced layers, which segments of k > 1 layers would break.
         res = trace_training(model, recompute=recompute, **kw)
     else:
-        with _patch_build_model(recompute, checkpoint_every), \
-                _maybe(recompute == "selective", selective_attention_core):
-            res = trace_training(model, recompute="none", extrapolate=False, **kw)
+        def wrap(net: Any) -> Any:
+            return apply_checkpointing(net, recompute=recompute, checkpoint_every=checkpoint_every)
+
+        with _maybe(recompute == "selective", selective_attention_core):
+            res = trace_training(model, recompute="none", extrapolate=False, model_hook=wrap, **kw)
     settings = dict(res.settings, recompute=recompute, checkpoint_every=checkpoint_every)
     return TraceResult(res.peak_bytes, res.by_category, res.peak_phase, res.device, settings, res.method)
 

@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from .errors import MemlibError, check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive, require_torch
 
 __all__ = [
     "STRATEGIES",
@@ -63,11 +63,7 @@ _LR = 1e-2
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError("memlib.distributed needs PyTorch: pip install torch") from None
-    return torch
+    return require_torch("memlib.distributed")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .categories import MemCategory
-from .errors import MemlibError, check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive, require_torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -55,11 +55,7 @@ _DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError("memlib.flash needs PyTorch for this function: pip install torch") from None
-    return torch
+    return require_torch("memlib.flash", " for this function")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ batch size?*
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -275,9 +275,17 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
                       total <= gpu, settings)
 
 
-def _largest(fits: Any, hi_start: int, cap: int) -> int:
-    """Largest n in [0, cap] with fits(n) (fits monotone decreasing in n; fits(0) taken as True)."""
-    return largest_fitting(fits, start=hi_start, cap=cap)
+def _fits_at(cfg: ModelConfig, gpu_memory_bytes: int, *, weights: str, kv_dtype: str, layout: str | None,
+             prefill_tokens: int | None, cuda_context_bytes: int,
+             fragmentation: float) -> Callable[[int, int], bool]:
+    """``fits(batch_size, seq_len)`` for one model, GPU and serving setup (the searches below vary one)."""
+
+    def fits(batch_size: int, seq_len: int) -> bool:
+        return serving_fit(cfg, gpu_memory_bytes, batch_size=batch_size, seq_len=seq_len, weights=weights,
+                           kv_dtype=kv_dtype, layout=layout, prefill_tokens=prefill_tokens,
+                           cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation).fits
+
+    return fits
 
 
 def max_batch_size(model: ModelLike, gpu_memory_bytes: int, *, seq_len: int = 2048, weights: str = "fp16",
@@ -304,12 +312,9 @@ def max_batch_size(model: ModelLike, gpu_memory_bytes: int, *, seq_len: int = 20
     check_positive("limit", limit)
     cfg = load_config(model)
 
-    def fits(b: int) -> bool:
-        return serving_fit(cfg, gpu_memory_bytes, batch_size=b, seq_len=seq_len, weights=weights,
-                           kv_dtype=kv_dtype, layout=layout, prefill_tokens=prefill_tokens,
-                           cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation).fits
-
-    return _largest(fits, 16, limit)
+    fits = _fits_at(cfg, gpu_memory_bytes, weights=weights, kv_dtype=kv_dtype, layout=layout,
+                    prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
+    return largest_fitting(lambda b: fits(b, seq_len), start=16, cap=limit)
 
 
 def max_seq_len(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1, weights: str = "fp16",
@@ -338,12 +343,9 @@ def max_seq_len(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
     check_positive("limit", limit)
     cfg = load_config(model)
 
-    def fits(s: int) -> bool:
-        return serving_fit(cfg, gpu_memory_bytes, batch_size=batch_size, seq_len=s, weights=weights,
-                           kv_dtype=kv_dtype, layout=layout, prefill_tokens=prefill_tokens,
-                           cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation).fits
-
-    return _largest(fits, 1024, limit)
+    fits = _fits_at(cfg, gpu_memory_bytes, weights=weights, kv_dtype=kv_dtype, layout=layout,
+                    prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
+    return largest_fitting(lambda s: fits(batch_size, s), start=1024, cap=limit)
 
 
 def batch_context_frontier(model: ModelLike, gpu_memory_bytes: int, seq_lens: Sequence[int], *,

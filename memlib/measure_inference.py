@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from .dtypes import WEIGHT_FORMATS
+from .errors import require_torch
 from .estimate import estimate_inference
 from .inference import kv_bytes_per_token
 
@@ -24,11 +25,7 @@ __all__ = [
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        raise ImportError("memlib.measure_inference needs PyTorch: pip install torch") from None
-    return torch
+    return require_torch("memlib.measure_inference")
 
 
 def _transformers() -> Any:

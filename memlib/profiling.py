@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .configs import ModelConfig, load_config
-from .errors import MemlibError, check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive, require_torch
 
 __all__ = [
     "MeasuredFlops",
@@ -58,11 +58,7 @@ ModelLike = str | Path | dict[str, Any] | ModelConfig
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError("memlib.profiling needs PyTorch: pip install torch") from None
-    return torch
+    return require_torch("memlib.profiling")
 
 
 @contextlib.contextmanager

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
-from .errors import MemlibError, check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive, require_torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -28,11 +28,7 @@ TRACE_OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError("memlib.trace needs PyTorch: pip install torch") from None
-    return torch
+    return require_torch("memlib.trace")
 
 
 @dataclass(frozen=True)
@@ -467,7 +463,8 @@ def _make_optimizer(name: str, params: list[Any]) -> Any:
 def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1, seq_len: int = 512,
                    precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
-                   seed: int = 0, extrapolate: bool = True) -> TraceResult:
+                   seed: int = 0, extrapolate: bool = True,
+                   model_hook: Callable[[Any], Any] | None = None) -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -494,6 +491,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             segment's maximum (a layer's forward, its backward, its optimizer step, the rest) is an affine
             function of the layer index and the depth; the fit is checked exactly (integers) on all traced
             points and the full trace runs instead if any point disagrees. The tests compare the two.
+        model_hook: called with the freshly built model; returns the model to trace (Chapter 4 wraps runs
+            of decoder layers in ``torch.utils.checkpoint`` this way).
 
     Returns:
         The steady-state peak and its breakdown.
@@ -521,7 +520,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     if extrapolate and device == "meta" and num_layers > 5:
         runs = {}
         for n in (3, 4, 5):
-            tracker, _ = _trace_once(cfg, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
+            tracker, _ = _trace_once(cfg, model_hook=model_hook, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
             runs[n] = tracker.seg_peaks
         fit = _extrapolate(runs, num_layers)
         if fit is not None:
@@ -530,7 +529,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                         "optimizer": optimizer, "attention": attention, "recompute": recompute}
             return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
                                peak_phase=phase, device=device, settings=settings, method="extrapolated")
-    tracker, settings = _trace_once(cfg, overrides=overrides, segments=False, **kw)
+    tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
     return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
 
@@ -549,14 +548,16 @@ class _StepOptions(TypedDict):
 
 
 def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
-                recompute: str, device: str, overrides: dict[str, Any] | None, seed: int,
-                segments: bool) -> tuple[MemoryTracker, dict[str, Any]]:
+                recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
+                model_hook: Callable[[Any], Any] | None = None) -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
     torch = _torch()
     torch.manual_seed(seed)
     model_dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
     tracker = MemoryTracker(device)
     net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
+    if model_hook is not None:
+        net = model_hook(net)
     if recompute == "full":
         if hasattr(net, "activation_checkpointing_enable"):  # transformers ≥ 5.x name
             net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.checkpointing import (best_checkpoint_every, largest_batch, measure_offload, measure_recompute,
-                                  measure_stack, segment_peak_bytes, stack_flops, step_flops, trace_recompute)
-from memlib.checkpointing import _patch_build_model
+from memlib.checkpointing import (apply_checkpointing, best_checkpoint_every, largest_batch, measure_offload,
+                                  measure_recompute, measure_stack, segment_peak_bytes, stack_flops, step_flops,
+                                  trace_recompute)
 from memlib.configs import load_config
 from memlib.errors import MemlibError
 from memlib.estimate import estimate_training
@@ -101,8 +101,10 @@ def test_interval_one_equals_transformers_gradient_checkpointing() -> None:
     for model, ov, attention in (("llama-7b", {"num_hidden_layers": 2}, "sdpa"), ("gpt2", {"n_layer": 2}, "eager")):
         kw = dict(batch_size=2, seq_len=512, attention=attention, optimizer="sgd", overrides=ov)
         hf = trace_training(model, recompute="full", **kw)
-        with _patch_build_model("full", 1):  # our segments of one layer, not transformers' checkpointing
-            ours = trace_training(model, recompute="none", extrapolate=False, **kw)
+        # our segments of one layer, not transformers' checkpointing
+        ours = trace_training(model, recompute="none", extrapolate=False,
+                              model_hook=lambda net: apply_checkpointing(net, recompute="full", checkpoint_every=1),
+                              **kw)
         assert ours.peak_bytes == hf.peak_bytes and ours.by_category == hf.by_category
 
 
