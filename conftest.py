@@ -1,7 +1,14 @@
-"""pytest setup for the whole repository: make nbval honour a trailing `;` the way Jupyter does."""
+"""pytest setup for the whole repository: tests run on the CPU only; nbval honours a trailing `;` as Jupyter does."""
 from __future__ import annotations
 
+import os
+
 from nbval.kernel import RunningKernel
+
+# The tests (and the notebook kernels nbval starts, which inherit this environment) never see a GPU: on a CUDA
+# machine they run the same CPU paths as CI, measure nothing on the device and write nothing into labs/results/.
+# GPU measurements are made by `python labs/gpu_suite.py`, never by pytest.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def _execute_cell_input(self: RunningKernel, cell_input: str, allow_stdin: bool | None = None) -> str:

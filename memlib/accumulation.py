@@ -25,6 +25,7 @@ from typing import Any
 from .categories import MemCategory
 from .configs import ModelConfig, load_config
 from .errors import MemlibError, check_choice, check_positive, require_torch
+from .procs import join_with_deadline
 
 __all__ = [
     "NORMALIZATIONS",
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 #: Loss normalizations for a step of k micro-batches. ``"mean-per-micro-batch"``: each micro-batch's mean token
-#: loss divided by k (the seeds' loop, and Hugging Face's Trainer before transformers 4.46);
+#: loss divided by k (the two source notes' loop, and Hugging Face's Trainer before transformers 4.46);
 #: ``"sum-over-step-tokens"``: each micro-batch's summed token loss divided by the token count of the whole step.
 NORMALIZATIONS = ("mean-per-micro-batch", "sum-over-step-tokens")
 
@@ -62,8 +63,8 @@ NORMALIZATIONS = ("mean-per-micro-batch", "sum-over-step-tokens")
 TINY_GPT2: dict[str, Any] = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "n_positions": 64,
                              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
-#: The DDP loops :func:`ddp_allreduce_counts` runs: ``"sync-every-micro-step"`` (the seed's wrong loop),
-#: ``"no_sync"`` (forward and backward of the first k-1 micro-batches inside ``model.no_sync()``, the seed's
+#: The DDP loops :func:`ddp_allreduce_counts` runs: ``"sync-every-micro-step"`` (the Tips notes' wrong loop),
+#: ``"no_sync"`` (forward and backward of the first k-1 micro-batches inside ``model.no_sync()``, the Tips notes'
 #: right loop) and ``"no_sync-backward-only"`` (forward outside the context, only ``backward()`` inside).
 DDP_VARIANTS = ("sync-every-micro-step", "no_sync", "no_sync-backward-only")
 
@@ -119,7 +120,7 @@ def normalization_error(tokens_per_micro_batch: Sequence[int]) -> float:
 
 
 def last_group_scale(num_micro_batches: int, accumulation_steps: int) -> float:
-    """Gradient scale of the last optimizer step of an epoch in seed 004's loop. Introduced in Chapter 5.
+    """Gradient scale of the last optimizer step of an epoch in the Strategies notes' loop. Introduced in Chapter 5.
 
     The loop divides every micro-batch loss by k and also steps on the last batch of the epoch. If the epoch
     holds ``num_micro_batches`` = q·k + r micro-batches with 0 < r < k, the last step sums r losses each divided
@@ -476,7 +477,7 @@ def gradient_noise(accumulation_steps: Sequence[int] = (1, 4), *, micro_batch_si
 
 
 def partial_group_grad_ratio(num_micro_batches: int = 10, accumulation_steps: int = 4, *, seed: int = 0) -> float:
-    """Run seed 004's accumulation loop on a linear model and measure its last step's gradient. Introduced in Chapter 5.
+    """Run the Strategies notes' accumulation loop on a linear model and measure its last step's gradient. Introduced in Chapter 5.
 
     The loop divides each micro-batch loss by k and steps every k micro-batches *or on the last batch*. The
     function returns the last step's gradient divided by the correct one (the mean of that group's
@@ -499,7 +500,7 @@ def partial_group_grad_ratio(num_micro_batches: int = 10, accumulation_steps: in
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)   # lr 0: the weights stay put, so gradients compare exactly
     last_grad = None
-    for batch_idx, (inputs, labels) in enumerate(data):  # seed 004, lines 2-13
+    for batch_idx, (inputs, labels) in enumerate(data):  # the Strategies notes, lines 2-13
         loss = torch.nn.functional.mse_loss(model(inputs), labels)
         loss /= k
         loss.backward()
@@ -780,10 +781,10 @@ def _ddp_worker(rank: int, world_size: int, port: int, k: int, steps: int, bucke
             per_step = []
             for i, (x, y) in enumerate(loader):
                 last = (i + 1) % k == 0
-                if variant == "sync-every-micro-step":        # the seed's wrong loop: all-reduce every backward
+                if variant == "sync-every-micro-step":        # the Tips notes' wrong loop: all-reduce every backward
                     loss = torch.nn.functional.mse_loss(model(x), y) / k
                     loss.backward()
-                elif variant == "no_sync":                    # the seed's right loop: forward and backward inside
+                elif variant == "no_sync":                    # the Tips notes' right loop: forward and backward inside
                     ctx = contextlib.nullcontext() if last else model.no_sync()
                     with ctx:
                         loss = torch.nn.functional.mse_loss(model(x), y) / k
@@ -815,22 +816,14 @@ def _run_ddp(mp: Any, world_size: int, k: int, steps: int, bucket_cap_mb: float,
             port = find_free_port()
             ctx = mp.start_processes(_ddp_worker, args=(world_size, port, k, steps, bucket_cap_mb, out_dir, timeout_s),
                                      nprocs=world_size, join=False, start_method="spawn")
-            deadline = time.monotonic() + timeout_s
             try:
-                while not ctx.join(timeout=0.2):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"DDP run did not finish within {timeout_s} s")
+                join_with_deadline(ctx, timeout_s, "DDP run")
                 break
             except mp.ProcessRaisedException as err:
                 if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
                     if attempt < 2:
                         continue
                 raise
-            finally:
-                for proc in ctx.processes:
-                    if proc.is_alive():
-                        proc.kill()
-                        proc.join(5)
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world_size)]
     return ranks
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MemlibError, check_choice, check_positive, require_torch
+from .procs import join_with_deadline
 
 __all__ = [
     "STRATEGIES",
@@ -564,16 +565,10 @@ def run_sharded(world_size: int = 2, strategies: Sequence[str] = STRATEGIES, *,
         init_file = os.path.join(tmp, "rendezvous")
         ctx = mp.start_processes(_worker, args=(n, init_file, tmp, list(strategies), kwargs, timeout_s),
                                  nprocs=n, join=False, start_method=_start_method())
-        deadline = time.monotonic() + timeout_s
         try:
-            while not ctx.join(timeout=0.2):
-                if time.monotonic() > deadline:
-                    raise MemlibError(f"distributed run with {n} processes did not finish within {timeout_s} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+            join_with_deadline(ctx, timeout_s, f"distributed run with {n} processes")
+        except TimeoutError as err:
+            raise MemlibError(str(err)) from None
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(n)]
     settings = {**kwargs, "world_size": n, "backend": "gloo"}
     return {s: ShardedRun(s, n, [RankResult(**per_rank[r][i]) for r in range(n)], settings)

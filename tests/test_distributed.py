@@ -5,6 +5,7 @@ import multiprocessing
 import pytest
 
 from memlib import MemlibError
+from memlib import distributed
 from memlib.distributed import (
     STRATEGIES,
     STRATEGY_STAGE,
@@ -17,6 +18,7 @@ from memlib.distributed import (
 )
 from memlib.estimate import estimate_training
 from memlib.params import count_params
+from memlib.procs import idle_worker, join_with_deadline
 from memlib.zero import comm_volume, deepspeed_zero2_bytes, deepspeed_zero3_bytes, fsdp_peak_bytes
 
 PC = count_params(TINY_LLAMA)
@@ -97,10 +99,31 @@ def test_bus_bytes() -> None:
         bus_bytes("alltoall", 1, 2)
 
 
-def test_timeout_kills_workers_and_bad_input() -> None:
-    with pytest.raises(MemlibError, match="did not finish within"):
-        run_sharded(2, ["ddp"], steps=2, timeout_s=0.05)
+def test_deadline_kills_blocked_workers() -> None:
+    # workers that block far past the deadline: the run must stop at the deadline, never race it
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(idle_worker, args=(600.0,), nprocs=2, join=False, start_method="spawn")
+    with pytest.raises(TimeoutError, match="idle run did not finish within 1.0 s"):
+        join_with_deadline(ctx, 1.0, "idle run")
+    assert all(not p.is_alive() for p in ctx.processes)
     assert not multiprocessing.active_children()  # the workers were killed and reaped
+
+
+def test_run_sharded_timeout_is_a_memlib_error(monkeypatch) -> None:
+    def expire(ctx, timeout_s, what):  # the deadline passes at once: kill the workers as the real one does
+        for p in ctx.processes:
+            p.kill()
+            p.join()
+        raise TimeoutError(f"{what} did not finish within {timeout_s} s")
+
+    monkeypatch.setattr(distributed, "join_with_deadline", expire)
+    with pytest.raises(MemlibError, match="distributed run with 2 processes did not finish within 7 s"):
+        run_sharded(2, ["ddp"], steps=2, timeout_s=7)
+    assert not multiprocessing.active_children()
+
+
+def test_bad_strategy() -> None:
     with pytest.raises(MemlibError, match="unknown strategy 'zero4'"):
         run_sharded(2, ["zero4"])
 
@@ -123,5 +146,5 @@ def test_deepspeed_estimators_vs_memlib() -> None:
     assert ds["zero3"]["largest_layer_bytes"] == 4 * big
     assert ds["zero2"]["cpu_bytes"] == int(psi * 4 * 8 * 1.5)  # fp32 copy per process on the node × 1.5
     assert ds["zero2"]["gpu_bytes_offload"] == 2 * psi  # only the 16-bit parameters stay on the GPU
-    assert "15.93GB" in ds["printed"]["zero2"]  # printed "GB" are GiB: (2Ψ + 18Ψ/64) / 2^30
-    assert round((2 * psi + 18 * psi // 64) / 2**30, 2) == 15.93
+    # printed "GB" are GiB: DeepSpeed's table shows (2Ψ + 18Ψ/64) / 2^30 to two decimals
+    assert f"{deepspeed_zero2_bytes(psi, 64) / 2**30:.2f}GB" in ds["printed"]["zero2"]
