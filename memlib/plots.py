@@ -93,14 +93,13 @@ def training_breakdown_figure(estimates: Sequence[TrainingEstimate], labels: Seq
         phase = _PHASE_NAMES.get(e.peak_phase, e.peak_phase)
         ax.text(i, bottoms[i], f"{e.total_bytes / GB:.1f}\n({phase})", ha="center", va="bottom", fontsize=7)
     if gpu_memory_bytes:
-        ax.axhline(gpu_memory_bytes / GB, color="black", linestyle="--", linewidth=1)
-        ax.text(len(estimates) - 0.5, gpu_memory_bytes / GB, f" {gpu_memory_bytes / GB:.0f} GB GPU", va="bottom",
-                ha="right", fontsize=8)
+        ax.axhline(gpu_memory_bytes / GB, color="black", linestyle="--", linewidth=1,
+                   label=f"{gpu_memory_bytes / GB:.0f} GB GPU")
     ax.set_xticks(range(len(estimates)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("GB (10⁹ bytes) live at the peak")
     ax.set_title(title)
-    ax.legend(fontsize=8, ncol=5, loc="upper left")
+    ax.legend(fontsize=8, ncol=6, loc="upper left")
     ax.set_ylim(0, max(bottoms + [gpu_memory_bytes / GB if gpu_memory_bytes else 0]) * 1.3)
     fig.tight_layout()
     return fig
