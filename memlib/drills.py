@@ -2,7 +2,8 @@
 
 Pure Python on top of the estimators (no torch, no ipywidgets). Three parts:
 
-* :data:`QUESTIONS` — every interview question of the seed notes (quoted in the original Chinese with an
+* :data:`QUESTIONS` — every interview question of the two source notes, the Tips notes (显存优化技巧)
+  and the Strategies notes (常用的显存优化策略) (quoted in the original Chinese with an
   English translation) plus the book's own, each with a difficulty tag (E/M/H), a model answer and the
   chapter that proves it. Numbers in the answers are ``{{name}}`` placeholders filled by
   :func:`answer_numbers`, which computes them with memlib, never by hand.
@@ -26,7 +27,14 @@ from .configs import load_config
 from .dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS, weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .lora import lora_params
-from .estimate import KV_DTYPES, estimate_inference, estimate_training, state_bytes_per_param
+from .estimate import (
+    KV_DTYPES,
+    estimate_inference,
+    estimate_training,
+    korthikanti_activation_bytes,
+    state_bytes_per_param,
+)
+from .flops import matmul_params, palm_flops
 from .params import count_params
 
 __all__ = [
@@ -48,7 +56,12 @@ __all__ = [
     "DRILL_KINDS",
     "drill_kind",
     "generate",
+    "BYTE_UNITS",
+    "MULTIPLIERS",
+    "UNIT_WORDS",
     "parse_answer",
+    "KORTHIKANTI_RULE",
+    "korthikanti_bytes",
     "grade",
     "drill_markdown",
     "DrillResult",
@@ -75,7 +88,7 @@ CHAPTERS: dict[int, str] = {
     13: "Putting it together",
 }
 DIFFICULTIES = ("E", "M", "H")
-SOURCES = ("seed 000 top", "seed 000 §八", "seed 004", "book")
+SOURCES = ("Tips notes, top", "Tips notes §八", "Strategies notes", "book")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -126,19 +139,26 @@ def answer_numbers() -> dict[str, Number]:
     put("states7", _gb(16 * p7), "estimate_training('llama-7b').model_states_bytes")
     put("states7_seed", _gb(16 * 7e9, 0), "16 × 7e9 bytes")
     for att in ("sdpa", "eager"):
-        e = estimate_training("llama-7b", batch_size=4, seq_len=4096, attention=att)
+        e = estimate_training("llama-2-7b", batch_size=4, seq_len=4096, attention=att)
         put(f"act7_{att}", _gb(e.activations_bytes or 0, 0),
-            f"estimate_training('llama-7b', batch_size=4, seq_len=4096, attention='{att}').activations_bytes")
-        put(f"peak7_{att}", _gb(e.total_bytes, 0), f"… attention='{att}').total_bytes")
-    e = estimate_training("llama-7b", batch_size=4, seq_len=4096, recompute="full")
-    put("peak7_full", _gb(e.total_bytes, 0), "estimate_training('llama-7b', batch_size=4, seq_len=4096, "
+            f"estimate_training('llama-2-7b', batch_size=4, seq_len=4096, attention='{att}').activations_bytes")
+        put(f"peak7_{att}", _gb(e.total_bytes, 0),
+            f"estimate_training('llama-2-7b', batch_size=4, seq_len=4096, attention='{att}').total_bytes")
+    for att in ("sdpa", "eager"):
+        term = " + 5·a·s/h" if att == "eager" else ""
+        put(f"k7_{att}", _gb(korthikanti_bytes("llama-2-7b", 4, 4096, att), 0),
+            f"korthikanti_bytes('llama-2-7b', 4, 4096, '{att}'): L × s·b·h·(34{term})")
+    e = estimate_training("llama-2-7b", batch_size=4, seq_len=4096, recompute="full")
+    put("peak7_full", _gb(e.total_bytes, 0), "estimate_training('llama-2-7b', batch_size=4, seq_len=4096, "
         "recompute='full').total_bytes")
-    # inference (seed 000 §一)
+    # inference (the Tips notes §一)
     inf = estimate_inference("llama-7b", batch_size=8, seq_len=2048)
     put("inf7_w", _gb(inf.weights_bytes), "estimate_inference('llama-7b', batch_size=8, seq_len=2048).weights_bytes")
-    put("inf7_kv", _gb(inf.kv_cache_bytes, 2), "… .kv_cache_bytes")
-    put("inf7_total", _gb(inf.total_bytes), "… .total_bytes")
-    put("inf7_total_gib", _gib(inf.total_bytes), "… .total_bytes / 2**30")
+    put("inf7_kv", _gb(inf.kv_cache_bytes, 2),
+        "estimate_inference('llama-7b', batch_size=8, seq_len=2048).kv_cache_bytes")
+    put("inf7_total", _gb(inf.total_bytes), "estimate_inference('llama-7b', batch_size=8, seq_len=2048).total_bytes")
+    put("inf7_total_gib", _gib(inf.total_bytes),
+        "estimate_inference('llama-7b', batch_size=8, seq_len=2048).total_bytes / 2**30")
     for fmt in ("int8", "int4", "nf4"):
         w = estimate_inference("llama-7b", weights=fmt).weights_bytes
         put(f"inf7_{fmt}", _gb(w), f"estimate_inference('llama-7b', weights='{fmt}').weights_bytes")
@@ -159,12 +179,12 @@ def answer_numbers() -> dict[str, Number]:
     put("kv13_per_seq", _gb(w13.kv_cache_bytes, 2), "estimate_inference('llama-2-13b', seq_len=4096).kv_cache_bytes")
     put("maxbatch13", str(int((80 * GB - w13.weights_bytes) // w13.kv_cache_bytes)),
         "⌊(80 GB − weights) / KV per sequence⌋")
-    # activations and recomputation, LLaMA-7B, batch 1 × 4096
+    # activations and recomputation, Llama-2-7B (LLaMA-7B's architecture, 4096 positions), batch 1 × 4096
     for rec in ("none", "selective", "full"):
         for att in ("sdpa", "eager"):
-            a = estimate_training("llama-7b", batch_size=1, seq_len=4096, recompute=rec, attention=att)
+            a = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute=rec, attention=att)
             put(f"act1_{rec}_{att}", _gb(a.activations_bytes or 0),
-                f"estimate_training('llama-7b', batch_size=1, seq_len=4096, recompute='{rec}', "
+                f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, recompute='{rec}', "
                 f"attention='{att}').activations_bytes")
     # ZeRO, 7B over 8 GPUs
     for z in range(4):
@@ -182,13 +202,13 @@ def answer_numbers() -> dict[str, Number]:
     o8 = estimate_training("llama-7b", optimizer="adamw-8bit").optimizer_bytes
     put("opt7_adamw", _gb(o), "estimate_training('llama-7b', optimizer='adamw').optimizer_bytes")
     put("opt7_8bit", _gb(o8), "estimate_training('llama-7b', optimizer='adamw-8bit').optimizer_bytes")
-    put("moments7_save", _gb(o - o8), "difference of the two")
+    put("moments7_save", _gb(o - o8), "AdamW's optimizer_bytes − 8-bit AdamW's")
     st8 = estimate_training("llama-7b", optimizer="adamw-8bit")
     put("states7_8bit", _gb(st8.model_states_bytes), "estimate_training('llama-7b', optimizer='adamw-8bit')"
         ".model_states_bytes")
     for rec in ("none", "full"):
-        e = estimate_training("llama-7b", batch_size=1, seq_len=4096, optimizer="adamw-8bit", recompute=rec)
-        put(f"single7_8bit_{rec}", _gb(e.total_bytes), f"estimate_training('llama-7b', batch_size=1, seq_len=4096, "
+        e = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, optimizer="adamw-8bit", recompute=rec)
+        put(f"single7_8bit_{rec}", _gb(e.total_bytes), f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, "
             f"optimizer='adamw-8bit', recompute='{rec}').total_bytes")
     put("bpp_8bit", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit')):g}",
         "sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit'))")
@@ -227,15 +247,23 @@ def answer_numbers() -> dict[str, Number]:
     put("attn_head", f"{head / MiB:.0f} MiB ({head / MB:.1f} MB)", "8192² × 2 bytes")
     put("attn_layer", _gib(head * c7.num_heads, 0), "× 32 heads")
     put("attn_model", _gib(head * c7.num_heads * c7.num_layers, 0), "× 32 heads × 32 layers")
-    # the seed's 7B recipe: batch 4 per GPU, accumulation 4, 8 GPUs; sequence 2048 assumed
+    # the Tips notes' 7B recipe: batch 4 per GPU, accumulation 4, 8 GPUs; sequence 2048 assumed
     r = estimate_training("llama-7b", batch_size=4, seq_len=2048, zero_stage=2, num_gpus=8, recompute="full")
     rn = estimate_training("llama-7b", batch_size=4, seq_len=2048, zero_stage=2, num_gpus=8, recompute="none")
     put("recipe7", _gb(r.total_bytes), "estimate_training('llama-7b', batch_size=4, seq_len=2048, zero_stage=2, "
         "num_gpus=8, recompute='full')")
-    put("recipe7_nock", _gb(rn.total_bytes), "… recompute='none'")
+    put("recipe7_nock", _gb(rn.total_bytes), "the same with recompute='none'")
     put("recipe7_batch", str(4 * 4 * 8), "4 × 4 × 8")
     # MFU
-    put("mfu7", f"{100 * 6 * p7 * 3000 / 312e12:.1f} %", "6 · Φ · 3000 tokens/s / 312e12 FLOP/s")
+    mm7 = matmul_params("llama-7b")
+    attn7 = 12 * c7.num_layers * c7.num_heads * c7.head_dim * 2048
+    per_token7 = palm_flops("llama-7b", 1, 2048) / 2048  # 6·N_matmul + 12·L·H·Q·T
+    put("p7_matmul", f"{mm7 / 1e9:.2f} B", "matmul_params('llama-7b') (LM head in, embedding lookup out)")
+    put("mfu7_dense", f"{6 * mm7 / 1e9:.1f} GFLOP", "6 · matmul_params('llama-7b')")
+    put("mfu7_attn", f"{attn7 / 1e9:.1f} GFLOP", "12 · L · H · Q · T = 12 × 32 × 32 × 128 × 2048")
+    put("mfu7_per_token", f"{per_token7 / 1e9:.1f} GFLOP", "palm_flops('llama-7b', 1, 2048) / 2048")
+    put("mfu7", f"{100 * per_token7 * 3000 / 312e12:.1f} %", "palm_flops('llama-7b', 1, 2048) / 2048 × 3000 / 312e12")
+    put("mfu7_6n", f"{100 * 6 * p7 * 3000 / 312e12:.1f} %", "6 · count_params('llama-7b').params × 3000 / 312e12")
     put("mfu_seed", f"{100 * 100 / 312:.0f} %", "100 / 312")
     # checkpointing every √L layers
     L = c7.num_layers
@@ -258,15 +286,16 @@ class Question:
     """One interview question with its model answer. Introduced in the Drills part.
 
     Attributes:
-        id: stable identifier (``"s000-top-1"`` for seed questions, ``"b06-2"`` for the book's).
+        id: stable identifier (``"s000-top-1"`` for the Tips notes' questions, ``"s004-1"`` for the
+            Strategies notes', ``"b06-2"`` for the book's).
         chapter: the chapter that proves the answer (see :data:`CHAPTERS`).
         difficulty: ``"E"`` (easy), ``"M"`` (medium) or ``"H"`` (hard).
         topic: a short topic tag (``"ZeRO"``).
-        text: the question in English (a translation for seed questions).
+        text: the question in English (a translation for the source notes' questions).
         answer: the model answer in MyST Markdown; ``{{name}}`` placeholders are numbers from
             :func:`answer_numbers`.
-        source: ``"seed 000 top"``, ``"seed 000 §八"``, ``"seed 004"`` or ``"book"``.
-        text_zh: the original Chinese wording, for seed questions ("" for the book's own).
+        source: ``"Tips notes, top"``, ``"Tips notes §八"``, ``"Strategies notes"`` or ``"book"``.
+        text_zh: the original Chinese wording, for the source notes' questions ("" for the book's own).
     """
 
     id: str
@@ -290,8 +319,8 @@ def _q(id: str, chapter: int, difficulty: str, topic: str, text: str, answer: st
                     text_zh)
 
 
-#: The 16 interview questions of the seed notes, verbatim (seed 000: 6 at the top and 4 in §八; seed 004: 6 at
-#: the end).
+#: The 16 interview questions of the two source notes, verbatim (the Tips notes: 6 at the top and 4 in §八; the
+#: Strategies notes: 6 at the end).
 SEED_QUESTIONS_ZH: tuple[str, ...] = (
     "训练一个模型需要多少显存？怎么计算？",
     "梯度检查点（Gradient Checkpointing）牺牲了什么换显存？",
@@ -311,19 +340,19 @@ SEED_QUESTIONS_ZH: tuple[str, ...] = (
     "LoRA为什么能大幅减少显存占用？",
 )
 
-_T, _S8, _S4 = "seed 000 top", "seed 000 §八", "seed 004"
+_T, _S8, _S4 = "Tips notes, top", "Tips notes §八", "Strategies notes"
 
 QUESTIONS: tuple[Question, ...] = (
-    # ---------------------------------------------------------------- seed 000, the six at the top
+    # ---------------------------------------------------------------- the Tips notes, the six at the top
     _q("s000-top-1", 1, "M", "training memory", "How much GPU memory does training a model need, and how do you "
        "compute it?", """
        Add the five consumers. Model states with mixed-precision AdamW are 16 bytes per parameter: 2 (16-bit
        weights) + 2 (16-bit gradients) + 12 (fp32 master weights, m, v). LLaMA-7B has {{p7}} parameters, so
-       16Φ = {{states7}} (the seed's 16 × 7e9 = {{states7_seed}} rounds Φ up). Then activations, which grow
-       with batch × sequence × layers and depend on the attention kernel: at batch 4 × 4096 tokens LLaMA-7B
+       16Φ = {{states7}} (the Tips notes' 16 × 7e9 = {{states7_seed}} rounds Φ up). Then activations, which grow
+       with batch × sequence × layers and depend on the attention kernel: at batch 4 × 4096 tokens Llama-2-7B
        saves {{act7_sdpa}} with SDPA/FlashAttention and {{act7_eager}} with eager attention. Then temporaries
        (the loss's fp32 logits, the optimizer step's buffers). memlib's estimate of the peak is {{peak7_sdpa}}
-       (SDPA), checked within 3 % against a traced step — not the seed's 150–170 GB. Recomputation brings it to
+       (SDPA), checked within 3 % against a traced step — not the Tips notes' 150–170 GB. Recomputation brings it to
        {{peak7_full}}.""", _T, SEED_QUESTIONS_ZH[0]),
     _q("s000-top-2", 4, "E", "checkpointing", "What does gradient checkpointing give up in exchange for memory?",
        """
@@ -331,7 +360,7 @@ QUESTIONS: tuple[Question, ...] = (
        pass; the rest are recomputed from the nearest checkpoint during the backward pass — roughly one extra
        forward pass, about a third more compute for a training step (forward ≈ 1/3 of forward + backward).
        Nothing else changes: the gradients are bit-for-bit the same up to non-deterministic kernels. For
-       LLaMA-7B at batch 1 × 4096 with SDPA, full recomputation cuts saved activations from
+       Llama-2-7B at batch 1 × 4096 with SDPA, full recomputation cuts saved activations from
        {{act1_none_sdpa}} to {{act1_full_sdpa}}.""", _T, SEED_QUESTIONS_ZH[1]),
     _q("s000-top-3", 2, "E", "formats", "FP16 vs BF16: what is the difference, and which one do you train with?",
        """
@@ -348,7 +377,7 @@ QUESTIONS: tuple[Question, ...] = (
     _q("s000-top-5", 6, "M", "ZeRO", "What does each of ZeRO's three stages shard?", """
        Stage 1 shards the optimizer states (fp32 master weights, m, v) across the N data-parallel GPUs;
        stage 2 also the gradients; stage 3 also the 16-bit parameters. Per GPU with mixed-precision Adam:
-       16Φ → 4Φ + 12Φ/N → 2Φ + 14Φ/N → 16Φ/N. (The seed's "4Φ + 14Φ/N" for ZeRO-2 is wrong: it is
+       16Φ → 4Φ + 12Φ/N → 2Φ + 14Φ/N → 16Φ/N. (The Tips notes' "4Φ + 14Φ/N" for ZeRO-2 is wrong: it is
        2Φ + 14Φ/N.) A 7B model ({{p7}} params) over 8 GPUs: {{zero0_7b}}, {{zero1_7b}}, {{zero2_7b}},
        {{zero3_7b}} of model states per GPU. Activations are not sharded by any stage.""", _T,
        SEED_QUESTIONS_ZH[4]),
@@ -356,9 +385,9 @@ QUESTIONS: tuple[Question, ...] = (
        It never stores the N×N scores or probabilities. Q, K, V are processed in tiles in on-chip SRAM with an
        online softmax (running max and normalizer per row), so only the output and one log-sum-exp per row go
        to HBM; the backward pass recomputes each probability tile from them. Memory goes from O(N²) to O(N) per
-       head: for LLaMA-7B at 8192 tokens in fp16 one N×N matrix is {{attn_head}} per head, {{attn_layer}} per
+       head: for a LLaMA-7B-sized model (32 heads, 32 layers) at 8192 tokens in fp16 one N×N matrix is {{attn_head}} per head, {{attn_layer}} per
        layer and {{attn_model}} for the 32 layers, per sample — all avoided.""", _T, SEED_QUESTIONS_ZH[5]),
-    # ---------------------------------------------------------------- seed 000 §八
+    # ---------------------------------------------------------------- the Tips notes §八
     _q("s000-8-1", 1, "M", "optimizers", "Why does Adam take 3 times more memory than SGD?", """
        The "3×" compares Adam's 12 bytes/param of optimizer state (fp32 master 4 + m 4 + v 4) with a 4-byte fp32
        parameter. Against the 2-byte working weights of mixed precision it is 6×, and against SGD's total it is
@@ -373,7 +402,7 @@ QUESTIONS: tuple[Question, ...] = (
        checkpoint every transformer block (keep each block's input, recompute its inside): simple, and the
        saved inputs are small. Megatron's selective recomputation recomputes only the attention core (the s²
        terms). With FlashAttention there is no s² term left, so selective recomputation saves almost nothing
-       (LLaMA-7B, batch 1 × 4096: {{act1_selective_sdpa}} vs {{act1_none_sdpa}}), while with eager attention it
+       (Llama-2-7B, batch 1 × 4096: {{act1_selective_sdpa}} vs {{act1_none_sdpa}}), while with eager attention it
        saves most of it ({{act1_selective_eager}} vs {{act1_none_eager}}).""", _S8, SEED_QUESTIONS_ZH[7]),
     _q("s000-8-3", 13, "M", "strategy", "When memory is short for training, which technique do you reach for "
        "first?", """
@@ -391,21 +420,21 @@ QUESTIONS: tuple[Question, ...] = (
        parallelism); ZeRO-3 is DeepSpeed's, with Offload/Infinity extensions. FSDP's `SHARD_GRAD_OP` strategy
        corresponds to ZeRO-2 and `NO_SHARD` to DDP. Memory per GPU for model states is 16Φ/N in both.""", _S8,
        SEED_QUESTIONS_ZH[9]),
-    # ---------------------------------------------------------------- seed 004, the six at the end
+    # ---------------------------------------------------------------- the Strategies notes, the six at the end
     _q("s004-1", 1, "E", "rules of thumb", "How do you estimate how much GPU memory an nB-parameter model needs "
        "for inference and for training?", """
        Inference in fp16/bf16: 2n GB of weights plus the KV cache (2 · layers · kv_heads · head_dim · tokens ·
        2 bytes: {{inf7_kv}} for LLaMA-7B at batch 8 × 2048) plus workspace. Training with mixed-precision Adam:
        16n GB of model states (20n GB if gradients are also accumulated in fp32) plus activations, which are
-       often as large again: LLaMA-7B at batch 4 × 4096 peaks near {{peak7_sdpa}}.""", _S4,
+       often as large again: Llama-2-7B at batch 4 × 4096 peaks near {{peak7_sdpa}}.""", _S4,
        SEED_QUESTIONS_ZH[10]),
     _q("s004-2", 4, "M", "checkpointing", "What is the principle of gradient checkpointing, and how does it save "
        "memory?", """
        Backward needs the forward's intermediate activations. Checkpointing keeps only some of them (e.g. each
        transformer block's input) and drops the rest; during the backward pass each block's forward is run again
        from its checkpoint to rebuild its activations, just before they are needed, then freed. Memory drops from
-       all layers' activations to the checkpoints plus one layer's activations: LLaMA-7B at batch 1 × 4096,
-       {{act1_none_sdpa}} → {{act1_full_sdpa}}, at about a third more compute. (Seed 004's "saves about 30–50 %"
+       all layers' activations to the checkpoints plus one layer's activations: Llama-2-7B at batch 1 × 4096,
+       {{act1_none_sdpa}} → {{act1_full_sdpa}}, at about a third more compute. (The Strategies notes' "saves about 30–50 %"
        understates full recomputation.)""", _S4, SEED_QUESTIONS_ZH[11]),
     _q("s004-3", 5, "E", "accumulation", "What is gradient accumulation for?", """
        Training with a large effective batch on a small memory budget: run k micro-batches forward and
@@ -445,12 +474,15 @@ QUESTIONS: tuple[Question, ...] = (
        card (an RTX 3090 as much as a 4090: both 24 GiB) it is on the edge: with the forward pass's activations,
        the CUDA context and fragmentation, prefilling all 8 prompts at once needs ≈ 25.9 GB, 0.17 GB too much;
        prefilling in 2048-token chunks fits (Chapter 11).""", text_zh=""),
-    _q("b01-2", 1, "M", "activations", "What do activations scale with, and how large are they for LLaMA-7B at "
+    _q("b01-2", 1, "M", "activations", "What do activations scale with, and how large are they for Llama-2-7B at "
        "batch 4 × 4096?", """
        Linearly with batch, sequence and layers (and hidden/MLP width); with eager attention also with
-       heads × sequence² per layer. memlib's term-by-term count gives {{act7_sdpa}} with SDPA/FlashAttention and
-       {{act7_eager}} with eager attention (fp32 and 16-bit softmax probabilities kept), for estimated peaks of
-       {{peak7_sdpa}} and {{peak7_eager}} — the model states are {{states7}}.""", text_zh=""),
+       heads × sequence² per layer. At a whiteboard, Korthikanti et al.'s GPT-layer formula
+       L·s·b·h·(34 + 5·a·s/h) gives {{k7_eager}} with eager attention and L·34·s·b·h = {{k7_sdpa}} with
+       FlashAttention. memlib's term-by-term count of Llama's own layers (SwiGLU MLP, RMSNorm, no dropout) and
+       loss gives {{act7_sdpa}} with SDPA/FlashAttention and {{act7_eager}} with eager attention (fp32 and 16-bit
+       softmax probabilities kept), for estimated peaks of {{peak7_sdpa}} and {{peak7_eager}} — the model states
+       are {{states7}}.""", text_zh=""),
     _q("b01-3", 1, "H", "peak", "Where in a training step is memory at its peak?", """
        Usually at the start of the backward pass: all activations are still saved, the loss adds fp32 logits
        gradients (4·b·s·V bytes), and gradients start to accumulate as activations are freed. With little
@@ -504,7 +536,7 @@ QUESTIONS: tuple[Question, ...] = (
        18 bytes/param at the peak. For 7B: {{states7}} of states plus up to 14 GB of copies, before
        activations.""", text_zh=""),
     # ---------------------------------------------------------------- Chapter 4
-    _q("b04-1", 4, "M", "recomputation", "For LLaMA-7B at batch 1 × 4096 with SDPA, how much activation memory "
+    _q("b04-1", 4, "M", "recomputation", "For Llama-2-7B at batch 1 × 4096 with SDPA, how much activation memory "
        "do no, selective and full recomputation save?", """
        memlib: {{act1_none_sdpa}} with none, {{act1_selective_sdpa}} with selective (only the log-sum-exp is left
        to recompute under SDPA), {{act1_full_sdpa}} with full recomputation (each layer's input, plus the
@@ -514,7 +546,7 @@ QUESTIONS: tuple[Question, ...] = (
        "why that part?", """
        The attention core: scores, softmax, dropout and the probabilities × V — the terms that grow with
        a·s² (5as/h of Korthikanti's 34 + 5as/h per token and hidden unit) but cost few FLOPs to redo. With eager
-       attention on LLaMA-7B at 4096 tokens that is {{act1_none_eager}} → {{act1_selective_eager}}; with
+       attention on Llama-2-7B at 4096 tokens that is {{act1_none_eager}} → {{act1_selective_eager}}; with
        FlashAttention the s² terms are already gone.""", text_zh=""),
     _q("b04-3", 4, "E", "checkpointing", "Does gradient checkpointing reduce the memory of parameters, gradients "
        "or optimizer states?", """
@@ -529,7 +561,7 @@ QUESTIONS: tuple[Question, ...] = (
     # ---------------------------------------------------------------- Chapter 5
     _q("b05-1", 5, "E", "effective batch", "Batch 4 per GPU, 4 accumulation steps, 8 GPUs: what is the "
        "effective batch?", """
-       4 × 4 × 8 = {{recipe7_batch}} sequences per optimizer step (seed 000's recipe says 128: right).""",
+       4 × 4 × 8 = {{recipe7_batch}} sequences per optimizer step (the Tips notes' recipe says 128: right).""",
        text_zh=""),
     _q("b05-2", 5, "M", "accumulation", "Why divide the loss by the number of accumulation steps?", """
        Gradients add up across backward calls. With a mean loss per micro-batch, summing k micro-batch gradients
@@ -594,7 +626,7 @@ QUESTIONS: tuple[Question, ...] = (
        Tensors with fewer than 4096 elements (`min_8bit_size`): norms and biases. They are a tiny share of the
        parameters but sensitive; memlib's estimate counts them at 32-bit (via `count_params(...)
        .small_tensor_params`). The paper also recommends a stable embedding layer.""", text_zh=""),
-    _q("b08-4", 8, "H", "8-bit Adam", "The seed says 8-bit Adam saves 75 % of optimizer memory. Is that right "
+    _q("b08-4", 8, "H", "8-bit Adam", "The Tips notes say 8-bit Adam saves 75 % of optimizer memory. Is that right "
        "for mixed-precision training?", """
        For m and v, yes (8Φ → 2Φ). For the optimizer states as counted by ZeRO — with the fp32 master weights —
        12Φ → 6Φ: half ({{opt7_adamw}} → {{opt7_8bit}} on LLaMA-7B), and the whole step goes from {{bpp_adam}} to
@@ -655,10 +687,15 @@ QUESTIONS: tuple[Question, ...] = (
     # ---------------------------------------------------------------- Chapter 12
     _q("b12-1", 12, "E", "utilization", "An A100 (312 TFLOP/s dense bf16) achieves 100 TFLOP/s. What is its "
        "utilization?", """
-       100 / 312 = {{mfu_seed}} (seed 004's example). Model FLOPs utilization counts only the model's necessary
-       FLOPs (6 per parameter per token), not recomputation.""", text_zh=""),
-    _q("b12-2", 12, "M", "MFU", "A 7B model trains at 3000 tokens/s per A100. What is its MFU?", """
-       6 × Φ × tokens/s / peak = 6 × {{p7}} × 3000 / 312e12 = {{mfu7}}.""", text_zh=""),
+       100 / 312 = {{mfu_seed}} (the Strategies notes' example). Model FLOPs utilization counts only the FLOPs
+       the model needs, 6·N_matmul + 12·L·H·Q·T per token (Chapter 12), not recomputation.""", text_zh=""),
+    _q("b12-2", 12, "M", "MFU", "LLaMA-7B trains on 2048-token sequences at 3000 tokens/s per A100 (312 TFLOP/s "
+       "dense bf16). What is its MFU?", """
+       MFU = FLOPs per token × tokens/s / peak, with Chapter 12's count of 6·N_matmul + 12·L·H·Q·T FLOPs per
+       token. N_matmul = {{p7_matmul}} weights take part in a matmul (the LM head in, the embedding lookup out):
+       6·N_matmul = {{mfu7_dense}}; attention adds 12 × 32 layers × 32 heads × 128 × 2048 = {{mfu7_attn}};
+       {{mfu7_per_token}} per token in all. × 3000 / 312e12 = {{mfu7}}. The shortcut 6 × all {{p7}} parameters
+       gives {{mfu7_6n}}: close at 2048 tokens, increasingly low at longer sequences.""", text_zh=""),
     _q("b12-3", 12, "M", "allocator", "`torch.cuda.memory_allocated()` says 60 GB, `nvidia-smi` says 70 GB. "
        "Why?", """
        nvidia-smi sees memory reserved by PyTorch's caching allocator (freed blocks kept for reuse,
@@ -670,7 +707,7 @@ QUESTIONS: tuple[Question, ...] = (
        units busy. A memory-bound kernel on one SM shows 100 %. Measure achieved FLOP/s (MFU) or use a
        profiler (Nsight, torch.profiler) for tensor-core activity.""", text_zh=""),
     # ---------------------------------------------------------------- Chapter 13
-    _q("b13-1", 13, "M", "recipe", "Seed 000's recipe: LLaMA-7B full fine-tune on 8 × 80 GB, BF16 + ZeRO-2 + "
+    _q("b13-1", 13, "M", "recipe", "The Tips notes' recipe: LLaMA-7B full fine-tune on 8 × 80 GB, BF16 + ZeRO-2 + "
        "FlashAttention + checkpointing, batch 4 per GPU. Does it fit?", """
        At 2048 tokens memlib estimates {{recipe7}} per GPU (ZeRO-2 states 2Φ + 14Φ/8 plus checkpointed
        activations) — comfortable headroom; without checkpointing {{recipe7_nock}}. Effective batch
@@ -765,7 +802,7 @@ class Drill:
         seed: the seed it was generated from (``generate(kind, seed)`` rebuilds it).
         question: the question text, units stated.
         answer: memlib's value, in ``unit``.
-        unit: ``"GB"`` (10⁹ bytes), ``"GiB"``, ``"MiB"``, ``"GPUs"``, ``"sequences"``, ``"%"``...
+        unit: ``"GB"`` (10⁹ bytes), ``"GiB"``, ``"MiB"``, ``"GPUs"``, ``"sequences"``, ``"parameters"``, ``"%"``...
         rel_tol: relative tolerance of :func:`grade`.
         abs_tol: absolute tolerance (in ``unit``); the larger of the two applies.
         difficulty: ``"E"``, ``"M"`` or ``"H"``.
@@ -797,9 +834,10 @@ class Drill:
 
     @property
     def answer_text(self) -> str:
-        """memlib's answer with its unit."""
+        """memlib's answer with its unit (``"7,372,800 parameters"``, ``"43.22 GB"``)."""
         if float(self.answer).is_integer() and self.unit not in ("GB", "GiB", "MiB", "%"):
-            return f"{int(self.answer)} {self.unit}"
+            unit = self.unit[:-1] if self.answer == 1 and self.unit.endswith("s") else self.unit
+            return f"{int(self.answer):,} {unit}"
         return f"{self.answer:,.2f} {self.unit}"
 
 
@@ -863,6 +901,12 @@ _OPT_WORDS = {"sgd": "plain SGD", "sgd-momentum": "SGD with momentum", "adamw": 
               "adamw-8bit": "8-bit AdamW (bitsandbytes)"}
 
 
+def _seq_lens(model: str, lengths: tuple[int, ...]) -> tuple[int, ...]:
+    """The lengths the model's position table holds (memlib refuses longer sequences)."""
+    limit = load_config(model).max_position_embeddings
+    return tuple(s for s in lengths if s <= limit) or (limit,)
+
+
 def _zero_words(stage: int, gpus: int) -> str:
     if stage == 0:
         return f"plain data parallelism (no ZeRO) on {gpus} GPU{'s' if gpus > 1 else ''}"
@@ -890,49 +934,99 @@ def _model_states(rng: random.Random, seed: int) -> Drill:
                   "num_gpus": gpus})
 
 
-@drill_kind("training_peak", 1, "estimated peak training memory per GPU for a shipped model and a setup")
+#: The activation accounting the activation and peak drills state, so that they can be answered at a whiteboard.
+KORTHIKANTI_RULE = ("Count activations with Korthikanti et al.'s GPT-layer formula: s·b·h·(34 + 5·a·s/h) bytes "
+                    "per layer (16-bit activations, the a·s² attention scores kept); FlashAttention or selective "
+                    "recomputation drops the 5·a·s/h term, and full recomputation keeps only each layer's "
+                    "2·s·b·h-byte input.")
+
+
+def korthikanti_bytes(model: str, batch_size: int, seq_len: int, attention: str = "eager",
+                      recompute: str = "none") -> int:
+    """Saved activations of all layers by Korthikanti et al.'s GPT-layer formula (:data:`KORTHIKANTI_RULE`).
+
+    Introduced in the Drills part: the whiteboard answer of the activation and peak drills. Per layer
+    s·b·h·(34 + 5·a·s/h) bytes (:func:`memlib.estimate.korthikanti_activation_bytes`); 34·s·b·h with
+    FlashAttention (``attention="sdpa"``) or selective recomputation; 2·s·b·h with full recomputation.
+    Limitation: it treats every model as a GPT layer (MHA, a 4h GELU MLP, dropout) with the model's h, a and L;
+    memlib's term-by-term :func:`memlib.estimate.estimate_training` counts the real architecture.
+    """
+    check_choice("attention", attention, ("eager", "sdpa"))
+    check_choice("recompute", recompute, ("none", "selective", "full"))
+    cfg = load_config(model)
+    s, b, h = seq_len, batch_size, cfg.hidden_size
+    if recompute == "full":
+        per_layer = 2 * s * b * h
+    elif recompute == "selective" or attention == "sdpa":
+        per_layer = 34 * s * b * h
+    else:
+        per_layer = korthikanti_activation_bytes(cfg, b, s)
+    return cfg.num_layers * per_layer
+
+
+def _shape_words(model: str) -> str:
+    cfg = load_config(model)
+    return f"L = {cfg.num_layers} layers, h = {cfg.hidden_size}, a = {cfg.num_heads} heads"
+
+
+_ATTENTION_WORDS = {"sdpa": "FlashAttention (SDPA)", "eager": "eager attention"}
+_RECOMPUTE_WORDS = {"none": "no recomputation", "selective": "selective recomputation",
+                    "full": "full activation checkpointing"}
+
+
+@drill_kind("training_peak", 1, "peak training memory per GPU: model states + activations by Korthikanti's formula")
 def _training_peak(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS)
     b = rng.choice((1, 2, 4, 8))
-    s = rng.choice((512, 1024, 2048, 4096))
-    precision = rng.choice(("bf16-mixed", "bf16-mixed", "bf16", "fp32"))
+    s = rng.choice(_seq_lens(model, (512, 1024, 2048, 4096)))
+    precision = rng.choice(("bf16-mixed", "bf16-mixed", "bf16"))
     optimizer = rng.choice(("adamw", "adamw", "adamw-8bit", "sgd-momentum"))
     stage = rng.choice((0, 0, 1, 2, 3))
     gpus = 1 if stage == 0 else rng.choice((2, 4, 8))
     recompute = rng.choice(("none", "none", "selective", "full"))
     attention = rng.choice(("sdpa", "sdpa", "eager"))
+    n = count_params(model).params
+    w, g, o = state_bytes_per_param(precision, optimizer)
+    states = estimate_training(params=n, precision=precision, optimizer=optimizer, zero_stage=stage,
+                               num_gpus=gpus).total_bytes
+    acts = korthikanti_bytes(model, b, s, attention, recompute)
     e = estimate_training(model, batch_size=b, seq_len=s, precision=precision, optimizer=optimizer,
                           zero_stage=stage, num_gpus=gpus, recompute=recompute, attention=attention)
-    att = "FlashAttention (SDPA)" if attention == "sdpa" else "eager attention"
-    rec = {"none": "no recomputation", "selective": "selective recomputation",
-           "full": "full activation checkpointing"}[recompute]
-    q = (f"Train {model} at batch {b} × {s} tokens per GPU with {_PRECISION_WORDS[precision]}, "
-         f"{_OPT_WORDS[optimizer]}, {_zero_words(stage, gpus)}, {att} and {rec}. Estimate the peak memory per "
-         f"GPU in GB (10⁹ bytes), without CUDA context or allocator overhead.")
-    how = (f"estimate_training('{model}', batch_size={b}, seq_len={s}, precision='{precision}', "
-           f"optimizer='{optimizer}', zero_stage={stage}, num_gpus={gpus}, recompute='{recompute}', "
-           f"attention='{attention}'): model states {_gb(e.model_states_bytes, 2)}, activations "
-           f"{_gb(e.activations_bytes or 0, 2)}, temporaries {_gb(e.temp_bytes, 2)}; peak in the {e.peak_phase}")
-    return Drill("training_peak", seed, q, e.total_bytes / GB, "GB", 0.10, 0.05, "H", 1, how,
+    q = (f"Train {model} ({n / 1e9:.2f} B parameters; {_shape_words(model)}) at batch {b} × {s} tokens per GPU "
+         f"with {_PRECISION_WORDS[precision]}, {_OPT_WORDS[optimizer]} ({w:g} + {g:g} + {o:g} bytes per "
+         f"parameter of weights, gradients and optimizer states before sharding), {_zero_words(stage, gpus)}, "
+         f"{_ATTENTION_WORDS[attention]} and {_RECOMPUTE_WORDS[recompute]}. Estimate the peak memory per GPU in "
+         f"GB (10⁹ bytes) as model states + saved activations (no temporaries, CUDA context or allocator "
+         f"overhead). {KORTHIKANTI_RULE}")
+    how = (f"model states {_gb(states, 2)} (estimate_training(params={n}, precision='{precision}', "
+           f"optimizer='{optimizer}', zero_stage={stage}, num_gpus={gpus})) + activations {_gb(acts, 2)} "
+           f"(korthikanti_bytes('{model}', {b}, {s}, '{attention}', '{recompute}')). For comparison, memlib's "
+           f"term-by-term estimate of {model}'s own layers, temporaries included, is {_gb(e.total_bytes, 2)} "
+           f"(activations {_gb(e.activations_bytes or 0, 2)}, temporaries {_gb(e.temp_bytes, 2)}, peak in the "
+           f"{e.peak_phase})")
+    return Drill("training_peak", seed, q, (states + acts) / GB, "GB", 0.05, 0.05, "H", 1, how,
                  {"model": model, "batch_size": b, "seq_len": s, "precision": precision, "optimizer": optimizer,
-                  "zero_stage": stage, "num_gpus": gpus, "recompute": recompute, "attention": attention})
+                  "zero_stage": stage, "num_gpus": gpus, "recompute": recompute, "attention": attention,
+                  "params": n})
 
 
-@drill_kind("activations", 4, "saved activations for a shipped model, batch, sequence, attention and recomputation")
+@drill_kind("activations", 4, "saved activations by Korthikanti's formula for a shipped model, batch and sequence")
 def _activations(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS)
     b = rng.choice((1, 2, 4))
-    s = rng.choice((1024, 2048, 4096))
+    s = rng.choice(_seq_lens(model, (1024, 2048, 4096)))
     recompute = rng.choice(("none", "selective", "full"))
     attention = rng.choice(("sdpa", "eager"))
+    acts = korthikanti_bytes(model, b, s, attention, recompute)
     e = estimate_training(model, batch_size=b, seq_len=s, recompute=recompute, attention=attention)
-    q = (f"{model} in bf16 mixed precision at batch {b} × {s} tokens with "
-         f"{'eager attention' if attention == 'eager' else 'FlashAttention (SDPA)'} and "
-         f"{recompute if recompute != 'none' else 'no'} recomputation: how many GB (10⁹ bytes) of activations "
-         f"are saved for the backward pass?")
-    how = (f"estimate_training('{model}', batch_size={b}, seq_len={s}, recompute='{recompute}', "
-           f"attention='{attention}').activations_bytes (term by term: memlib.estimate.activation_terms)")
-    return Drill("activations", seed, q, (e.activations_bytes or 0) / GB, "GB", 0.10, 0.02, "H", 4, how,
+    q = (f"{model} ({_shape_words(model)}) in bf16 mixed precision at batch {b} × {s} tokens with "
+         f"{_ATTENTION_WORDS[attention]} and {_RECOMPUTE_WORDS[recompute]}: how many GB (10⁹ bytes) of "
+         f"activations do its layers save for the backward pass? {KORTHIKANTI_RULE}")
+    how = (f"korthikanti_bytes('{model}', {b}, {s}, '{attention}', '{recompute}'). For comparison, memlib's "
+           f"term-by-term count of {model}'s own layers and loss (estimate_training('{model}', batch_size={b}, "
+           f"seq_len={s}, recompute='{recompute}', attention='{attention}').activations_bytes) is "
+           f"{_gb(e.activations_bytes or 0, 2)}")
+    return Drill("activations", seed, q, acts / GB, "GB", 0.03, 0.02, "H", 4, how,
                  {"model": model, "batch_size": b, "seq_len": s, "recompute": recompute, "attention": attention})
 
 
@@ -940,7 +1034,7 @@ def _activations(rng: random.Random, seed: int) -> Drill:
 def _kv_cache(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_INFER_MODELS)
     b = rng.choice((1, 4, 8, 16, 32))
-    s = rng.choice((1024, 2048, 4096, 8192))
+    s = rng.choice(_seq_lens(model, (1024, 2048, 4096, 8192)))
     kv = rng.choice(("fp16", "fp16", "bf16", "fp8"))
     e = estimate_inference(model, batch_size=b, seq_len=s, kv_dtype=kv)
     cfg = load_config(model)
@@ -958,7 +1052,7 @@ def _inference_total(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_INFER_MODELS)
     weights = rng.choice(("fp16", "bf16", "int8", "int4", "nf4"))
     b = rng.choice((1, 2, 4, 8))
-    s = rng.choice((2048, 4096, 8192))
+    s = rng.choice(_seq_lens(model, (2048, 4096, 8192)))
     e = estimate_inference(model, batch_size=b, seq_len=s, weights=weights)
     q = (f"{model} with {weights} weights (16-bit embeddings and norms), fp16 KV cache, {b} sequence"
          f"{'s' if b > 1 else ''} of {s} tokens: how many GB (10⁹ bytes) for weights + KV cache?")
@@ -1000,7 +1094,7 @@ def _max_batch(rng: random.Random, seed: int) -> Drill:
         model = rng.choice(_INFER_MODELS)
         weights = rng.choice(("fp16", "int8", "int4"))
         kv = rng.choice(("fp16", "fp8"))
-        s = rng.choice((2048, 4096, 8192))
+        s = rng.choice(_seq_lens(model, (2048, 4096, 8192)))
         mem = rng.choice((24, 40, 48, 80))
         one = estimate_inference(model, batch_size=1, seq_len=s, weights=weights, kv_dtype=kv)
         if one.total_bytes <= mem * GB:
@@ -1017,7 +1111,7 @@ def _max_batch(rng: random.Random, seed: int) -> Drill:
 @drill_kind("attention_matrix", 10, "size of one N×N attention matrix per head, per layer or per model")
 def _attention_matrix(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(("gpt2", "gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-3-8b", "llama-2-70b"))
-    s = rng.choice((1024, 2048, 4096, 8192, 16384))
+    s = rng.choice(_seq_lens(model, (1024, 2048, 4096, 8192, 16384)))
     dtype = rng.choice(("fp16", "fp32"))
     scope = rng.choice(("head", "layer", "model"))
     cfg = load_config(model)
@@ -1048,20 +1142,30 @@ def _adam8bit_saving(rng: random.Random, seed: int) -> Drill:
                  {"model": model, "zero_stage": stage, "num_gpus": gpus})
 
 
-@drill_kind("mfu", 12, "model FLOPs utilization from tokens/s per GPU")
+@drill_kind("mfu", 12, "model FLOPs utilization from tokens/s per GPU, 6·N_matmul + 12·L·H·Q·T FLOPs per token")
 def _mfu(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(("gpt2-xl", "gemma-2b", "llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-2-70b"))
-    gpu, peak = rng.choice((("A100", 312e12), ("H100", 989e12)))
-    n = count_params(model).params
+    cfg = load_config(model)
+    s = rng.choice(_seq_lens(model, (1024, 2048, 4096, 8192)))
+    gpu, peak = rng.choice((("A100", 312e12), ("H100", 989.5e12)))
+    n_mm = matmul_params(cfg)
+    per_token = palm_flops(cfg, 1, s) / s  # 6·N_matmul + 12·L·H·Q·T
     mfu_target = rng.choice((0.25, 0.35, 0.45, 0.55))
-    raw = mfu_target * peak / (6 * n)
+    raw = mfu_target * peak / per_token
     tokens = max(1, int(round(raw, -1 if raw > 100 else 0)))
-    value = 100 * 6 * n * tokens / peak
-    q = (f"Training {model} ({n / 1e9:.2f} B parameters) runs at {tokens:,} tokens/s per {gpu} "
-         f"(dense bf16 peak {peak / 1e12:g} TFLOP/s). What is the model FLOPs utilization, in %?")
-    how = f"6 × {n:,} × {tokens:,} / {peak:.3g} (count_params('{model}').params; 6 FLOPs per parameter per token)"
-    return Drill("mfu", seed, q, value, "%", 0.05, 0.5, "M", 12, how,
-                 {"model": model, "gpu": gpu, "tokens_per_s": tokens})
+    value = 100 * per_token * tokens / peak
+    n_all = count_params(model).params
+    q = (f"Training {model} on {s}-token sequences runs at {tokens:,} tokens/s per {gpu} (dense bf16 peak "
+         f"{peak / 1e12:g} TFLOP/s). Counting 6·N + 12·L·H·Q·T FLOPs per token (Chapter 12), with "
+         f"N = {n_mm / 1e9:.3g} B matmul weights (the LM head in, the embedding lookup out), L = {cfg.num_layers} "
+         f"layers, H = {cfg.num_heads} heads of Q = {cfg.head_dim} and T = {s}, what is the model FLOPs "
+         f"utilization, in %?")
+    how = (f"(6 × {n_mm:,} + 12 × {cfg.num_layers} × {cfg.num_heads} × {cfg.head_dim} × {s}) = "
+           f"{per_token / 1e9:.2f} GFLOP per token (palm_flops('{model}', 1, {s}) / {s}), × {tokens:,} / "
+           f"{peak:.4g}. 6 × all {n_all / 1e9:.2f} B parameters would give {100 * 6 * n_all * tokens / peak:.1f} %")
+    return Drill("mfu", seed, q, value, "%", 0.02, 0.2, "M", 12, how,
+                 {"model": model, "gpu": gpu, "tokens_per_s": tokens, "seq_len": s, "peak_flops": peak,
+                  "matmul_params": n_mm})
 
 
 @drill_kind("effective_batch", 5, "effective batch from micro-batch, accumulation and data-parallel GPUs")
@@ -1084,10 +1188,10 @@ def _lora_params_drill(rng: random.Random, seed: int) -> Drill:
     words = {"all-linear": "every Linear layer of each decoder block (q, k, v, o and the MLP)",
              "attention": "the four attention projections (q, k, v, o)", "qv": "W_q and W_v only"}[targets]
     n = lora_params(model, rank, targets)
-    q = (f"LoRA with rank {rank} on {words} of {model}: how many millions of trainable parameters? "
-         f"(A and B matrices, no bias)")
+    q = (f"LoRA with rank {rank} on {words} of {model}: how many trainable parameters? "
+         f"(A and B matrices, no bias; an answer such as 7.4M or 7,372,800 is fine)")
     how = f"lora_params('{model}', {rank}, '{targets}') = Σ over layers and targets of r·(d_in + d_out)"
-    return Drill("lora_params", seed, q, n / 1e6, "million", 0.01, 0.05, "M", 9, how,
+    return Drill("lora_params", seed, q, float(n), "parameters", 0.01, 0.5, "M", 9, how,
                  {"model": model, "rank": rank, "targets": targets})
 
 
@@ -1107,35 +1211,98 @@ def _offload_host(rng: random.Random, seed: int) -> Drill:
                  {"params": billions * 10**9, "num_gpus": gpus})
 
 
-_UNIT_BYTES = {"GB": GB, "GiB": GiB, "MB": MB, "MiB": MiB}
+#: Memory units an answer may carry, in bytes (decimal KB…TB as in papers, binary KiB…TiB as in torch).
+BYTE_UNITS: dict[str, int] = {"B": 1, "KB": 10**3, "MB": MB, "GB": GB, "TB": 10**12, "KiB": 2**10, "MiB": MiB,
+                              "GiB": GiB, "TiB": 2**40}
+#: Multipliers a number may carry: SI suffixes (``7.37M``; ``B`` for billion where the answer is not in bytes) and
+#: words.
+MULTIPLIERS: dict[str, float] = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "thousand": 1e3,
+                                 "million": 1e6, "mn": 1e6, "billion": 1e9, "bn": 1e9, "trillion": 1e12}
+#: Words accepted for a count unit (case-insensitive).
+UNIT_WORDS: dict[str, tuple[str, ...]] = {
+    "sequences": ("seq", "seqs", "sequence", "sequences", "sample", "samples"),
+    "GPUs": ("gpu", "gpus", "card", "cards"),
+    "parameters": ("param", "params", "parameter", "parameters"),
+    "tokens": ("tok", "toks", "token", "tokens"),
+    "%": ("%", "percent", "pct"),
+}
+_BYTE_UNITS_LOWER = {u.lower(): n for u, n in BYTE_UNITS.items()} | {"byte": 1, "bytes": 1}
+_NUMBER = re.compile(r"\s*(?P<num>[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+(?:_\d+)*)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+                     r"\s*(?P<rest>.*?)\s*")
+
+
+def _unit_words(unit: str) -> tuple[str, ...]:
+    return UNIT_WORDS.get(unit, (unit.lower(), unit.lower().rstrip("s")))
 
 
 def parse_answer(text: str | float | int, unit: str) -> float:
-    """Read an answer: a number, optionally with a unit; memory units are converted to ``unit``.
+    """Read an answer and return it in ``unit``. Introduced in the Drills part.
 
-    ``parse_answer("20 GiB", "GB") == 21.47…``; ``parse_answer("32%", "%") == 32.0``.
+    Accepted: a number with optional thousands separators (``7,372,800``) or exponent (``7.4e6``), then
+    optionally an SI multiplier (``k``/``K``, ``M``, ``G``, ``B`` = billion, ``T``, or a word such as
+    ``million``) and/or a unit. Memory units (``B``, ``KB``…``TB``, ``KiB``…``TiB``, any case) are converted to
+    a memory ``unit`` (``parse_answer("1.225 TB", "GB") == 1225``, ``parse_answer("20 GiB", "GB") == 21.47…``);
+    for a memory question a bare multiplier means decimal bytes (``"1.2T"`` = 1.2 TB) and ``B`` means bytes.
+    Count units take a multiplier and their own words (``"7.37M params"``, ``"775 seqs"``, ``"8 GPUs"``,
+    ``"32 %"``).
 
     Raises:
-        MemlibError: if the text is not a finite number (with an optional unit).
+        MemlibError: if the text is not a finite number with an optional multiplier and unit, or if its unit
+            does not fit ``unit`` (``"3 GB"`` for a count of sequences).
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
-        m = re.fullmatch(r"\s*([-+]?[0-9][0-9,_]*\.?[0-9]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9]+)\s*([A-Za-z%]*)\s*",
-                         str(text))
+        m = _NUMBER.fullmatch(str(text))
         if not m:
-            raise MemlibError(f"cannot read the answer {text!r}; expected a number such as 12.5 or '12.5 {unit}'")
-        value = float(m.group(1).replace(",", "").replace("_", ""))
-        given = m.group(2)
-        if given:
-            known = {u.lower(): u for u in _UNIT_BYTES}
-            if given.lower() in known and unit in _UNIT_BYTES:
-                value = value * _UNIT_BYTES[known[given.lower()]] / _UNIT_BYTES[unit]
-            elif given.lower() not in (unit.lower(), unit.lower().rstrip("s"), "%"):
-                raise MemlibError(f"unit {given!r} does not match the drill's unit {unit!r}")
+            raise MemlibError(f"cannot read the answer {text!r}; expected a number such as 12.5, 7.4M or "
+                              f"'12.5 {unit}'")
+        value = float(m.group("num").replace(",", "").replace("_", ""))
+        value = _apply_unit(value, m.group("rest"), unit, text)
     if not math.isfinite(value):
         raise MemlibError(f"answer must be a finite number, got {text!r}")
     return value
+
+
+def _apply_unit(value: float, rest: str, unit: str, text: object) -> float:
+    """``value`` followed by ``rest`` (multiplier and/or unit), expressed in ``unit``."""
+    memory = unit in BYTE_UNITS
+    words = rest.replace("\u00a0", " ").replace("\u202f", " ").split()
+    if not words:
+        return value
+    if len(words) == 1 and not memory and words[0] not in MULTIPLIERS and words[0].lower() not in MULTIPLIERS:
+        # "7.37Mparams": split a leading SI letter off a unit word
+        w = words[0]
+        if w[0] in MULTIPLIERS and w[1:].lower() in _unit_words(unit):
+            words = [w[0], w[1:]]
+    mult = 1.0
+    head = words[0]
+    if memory and head.lower() in _BYTE_UNITS_LOWER and len(words) == 1:
+        return value * _BYTE_UNITS_LOWER[head.lower()] / BYTE_UNITS[unit]
+    if head in MULTIPLIERS or head.lower() in MULTIPLIERS:
+        mult = MULTIPLIERS.get(head, MULTIPLIERS.get(head.lower(), 1.0))
+        words = words[1:]
+        if unit == "%":
+            raise MemlibError(f"a multiplier ({head!r}) makes no sense for an answer in %; got {text!r}")
+        if memory:  # "1.2G" for a question in GB: decimal bytes
+            if words:
+                raise MemlibError(f"cannot read the unit of {text!r}; expected one of: "
+                                  + ", ".join(BYTE_UNITS))
+            return value * mult / BYTE_UNITS[unit]
+    if not words:
+        return value * mult
+    if len(words) > 1:
+        raise MemlibError(f"cannot read the unit of {text!r}; expected at most a multiplier and a unit")
+    given = words[0]
+    if memory:
+        raise MemlibError(f"unit {given!r} does not match the drill's unit {unit!r}; expected one of: "
+                          + ", ".join(BYTE_UNITS))
+    if given.lower() in _unit_words(unit):
+        return value * mult
+    if given.lower() in _BYTE_UNITS_LOWER:
+        raise MemlibError(f"unit {given!r} is memory; the drill asks for {unit}")
+    raise MemlibError(f"unit {given!r} does not match the drill's unit {unit!r}; expected one of: "
+                      + ", ".join(_unit_words(unit)))
 
 
 def grade(drill: Drill, answer: str | float | int | None) -> bool:
@@ -1143,7 +1310,8 @@ def grade(drill: Drill, answer: str | float | int | None) -> bool:
 
     Args:
         drill: the drill.
-        answer: a number in the drill's unit, or text such as ``"21.5"``/``"20 GiB"`` (see :func:`parse_answer`);
+        answer: a number in the drill's unit, or text such as ``"21.5"``, ``"20 GiB"``, ``"7.37M"`` or
+            ``"775 seqs"`` (see :func:`parse_answer`);
             None or unreadable text counts as wrong.
     """
     if answer is None:

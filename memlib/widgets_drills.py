@@ -29,7 +29,7 @@ class CardState:
 def check_card(drill: Drill, text: str) -> CardState:
     """The Check button's callback: grade ``text`` against memlib's answer (pure; tested without widgets)."""
     if not str(text).strip():
-        return CardState(drill, "Type a number first (units optional, e.g. 21.5 or 20 GiB).", None)
+        return CardState(drill, "Type a number first (units optional, e.g. 21.5, 20 GiB, 7.4M or 775 seqs).", None)
     try:
         value = parse_answer(text, drill.unit)
     except MemlibError as err:
@@ -74,7 +74,7 @@ def flashcard_widget(seed: int = 0, kinds: Iterable[str] | None = None) -> Any:
     kinds = None if kinds is None else list(kinds)
     state: _FlashcardState = {"seed": seed, "card": next_card(seed, kinds)}
     question = w.HTML()
-    box = w.Text(placeholder="your answer, e.g. 21.5", description="Answer:")
+    box = w.Text(placeholder="e.g. 21.5, 20 GiB or 7.4M", description="Answer:")
     check, reveal, nxt = w.Button(description="Check"), w.Button(description="Reveal"), w.Button(description="Next")
     feedback = w.HTML()
 
