@@ -79,13 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("model", help=models_help)
     pl.add_argument("--job", choices=JOBS, default="train")
     pl.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs (default 1)")
-    pl.add_argument("--gpu-mem", default=None, help="memory of one GPU, e.g. 80GB, 24GiB (default 80GB)")
+    pl.add_argument("--gpu-mem", default=None,
+                    help="memory of one GPU, e.g. 80GiB, 24GiB (default 80GiB; GPU capacities are binary)")
     pl.add_argument("--gpu", choices=gpu_names(), default=None,
-                    help="take the GPU memory from memlib's spec table (datasheet GB) instead of --gpu-mem")
+                    help="take the GPU memory from memlib's spec table (GiB) instead of --gpu-mem")
     pl.add_argument("--batch", type=_positive_int, default=1,
                     help="sequences per GPU per optimizer step (training) or concurrent sequences (default 1)")
     pl.add_argument("--seq", type=_positive_int, default=2048, help="sequence length (default 2048)")
-    pl.add_argument("--reserve", default="2GiB", help="memory kept free per GPU (default 2GiB)")
+    pl.add_argument("--reserve", default="1GiB",
+                    help="CUDA context and workspaces kept free per GPU (default 1GiB); 5%% of the estimate is "
+                         "added for fragmentation")
     pl.add_argument("--lora-rank", type=_positive_int, default=16)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -154,7 +157,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
             gpu_mem: int | str = get_gpu(args.gpu).memory_bytes
         else:
-            gpu_mem = args.gpu_mem or "80GB"
+            gpu_mem = args.gpu_mem or "80GiB"
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
         return result.as_dict(), _plan_text(result)
@@ -164,36 +167,39 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                          optimizer=args.optimizer, attention=args.attention, recompute=args.recompute)
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
-    return data, _table(rows, f"measured training step (meta trace) of {args.model}")
+    return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")
 
 
 def _plan_text(result: Any) -> str:
     inp = result.inputs
     unit = "sequences" if inp["job"] == "infer" else "sequences per GPU per step"
-    lines = [f"plan for {inp['model']}: {inp['job']} on {inp['num_gpus']} GPU(s) × {inp['gpu_memory'] / GB:.2f} GB "
-             f"(reserve {inp['reserve'] / GB:.2f} GB), {inp['batch_size']} {unit} × {inp['seq_len']} tokens",
-             f"  {'#':>2}  {'technique':<26} {'per GPU (GB)':>12} {'CPU (GB)':>9}  {'fits':<4}  {'needed':<6}  cost"]
+    lines = [f"plan for {inp['model']}: {inp['job']} on {inp['num_gpus']} GPU(s) × {inp['gpu_memory'] / GiB:.2f} GiB "
+             f"(reserve {inp['reserve'] / GiB:.2f} GiB + {100 * inp['fragmentation']:g} % of the estimate), "
+             f"{inp['batch_size']} {unit} × {inp['seq_len']} tokens",
+             f"  {'#':>2}  {'technique':<26} {'per GPU (GiB)':>13} {'w/ reserve':>10} {'CPU (GiB)':>9}  {'fits':<4}  "
+             f"{'needed':<6}  cost"]
     for i, st in enumerate(result.steps):
         needed = "" if st.needed is None else ("yes" if st.needed else "no")
         fits = "-" if not st.applicable else ("yes" if st.fits else "no")
-        lines.append(f"  {i:>2}  {st.technique:<26} {st.per_gpu_bytes / GB:>12.2f} {st.cpu_bytes / GB:>9.2f}  "
-                     f"{fits:<4}  {needed:<6}  {st.cost}")
-    budget = inp["gpu_memory"] - inp["reserve"]
+        lines.append(f"  {i:>2}  {st.technique:<26} {st.per_gpu_bytes / GiB:>13.2f} {st.total_bytes / GiB:>10.2f} "
+                     f"{st.cpu_bytes / GiB:>9.2f}  {fits:<4}  {needed:<6}  {st.cost}")
     if result.fits:
         ch = result.chosen
         keys = ("precision", "attention", "batch_size", "accumulation_steps", "recompute", "zero_stage", "optimizer",
-                "method", "offload", "weights", "kv_dtype")
+                "method", "offload", "weights", "kv_dtype", "tensor_parallel", "pipeline_parallel")
         what = ", ".join(f"{k}={ch.settings[k]}" for k in keys if k in ch.settings)
         lines.append(f"fits: {what}")
-        lines.append(f"  {ch.per_gpu_bytes / GB:.2f} GB per GPU, headroom {(budget - ch.per_gpu_bytes) / GB:.2f} GB"
-                     + (f"; {ch.cpu_bytes / GB:.2f} GB of CPU memory" if ch.cpu_bytes else ""))
+        lines.append(f"  {ch.per_gpu_bytes / GiB:.2f} GiB per GPU + {ch.reserve_bytes / GiB:.2f} GiB reserve, headroom "
+                     f"{(inp['gpu_memory'] - ch.total_bytes) / GiB:.2f} GiB"
+                     + (f"; {ch.cpu_bytes / GiB:.2f} GiB of CPU memory" if ch.cpu_bytes else ""))
     else:
         cl = result.closest
         more = (f"; it would need {result.min_gpus} GPUs of this size" if result.min_gpus
                 else "; more GPUs would not help (each still holds one micro-batch's activations)"
                 if inp["job"] != "infer" else "")
-        lines.append(f"does not fit: closest is '{cl.technique}' at {cl.per_gpu_bytes / GB:.2f} GB per GPU, "
-                     f"{(cl.per_gpu_bytes - budget) / GB:.2f} GB over{more}")
+        lines.append(f"does not fit: closest is '{cl.technique}' at {cl.total_bytes / GiB:.2f} GiB per GPU with the "
+                     f"reserve, {(cl.total_bytes - inp['gpu_memory']) / GiB:.2f} GiB over{more}")
+    lines.extend(f"note: {n}" for n in result.notes)
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import MemlibError
 
-__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config"]
+__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len"]
 
 #: model_type values memlib understands, and the transformers class each one builds.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
@@ -39,7 +39,9 @@ class ModelConfig:
         head_dim: width of one head (explicit in gemma; hidden_size // num_heads otherwise).
         intermediate_size: MLP inner width (4h for GPT-2).
         vocab_size: vocabulary size V.
-        max_position_embeddings: longest context the config allows.
+        max_position_embeddings: the config's ``max_position_embeddings`` (``n_positions`` for GPT-2).
+        max_positions: longest sequence the model accepts: ``max_position_embeddings``, or longer where the
+            config scales its rotary embeddings (see :func:`load_config`); memlib refuses longer sequences.
         tie_word_embeddings: whether the LM head shares the embedding matrix.
         mlp: ``"gelu"`` (two matrices, GPT-2) or ``"gated"`` (gate/up/down: SwiGLU, GeGLU).
         norm: ``"layernorm"`` (weight and bias) or ``"rmsnorm"`` (weight only).
@@ -64,6 +66,7 @@ class ModelConfig:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
+    max_positions: int
     tie_word_embeddings: bool
     mlp: str
     norm: str
@@ -124,6 +127,66 @@ def _positive(d: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> 
     return value
 
 
+def _scaled_positions(d: dict[str, Any], max_pos: int) -> int:
+    """The longest sequence a rotary model accepts, rope scaling included.
+
+    The rule, from the config's own fields: with a ``rope_scaling`` (or transformers 5's ``rope_parameters``)
+    entry carrying a ``factor``, the limit is ``max(max_position_embeddings, original × factor)``, where
+    ``original`` is the entry's (or the config's) ``original_max_position_embeddings`` and otherwise
+    ``max_position_embeddings`` itself. So linear/dynamic scaling of a 4,096-position model by 2 allows
+    8,192; Llama-3.1 (``llama3`` type, factor 8 over 8,192, ``max_position_embeddings`` 131,072 already
+    stated) allows 131,072; YaRN with factor 4 over 32,768 allows 131,072. Without a factor, or with
+    ``rope_type`` ``default``, the limit is ``max_position_embeddings``.
+    """
+    entries: list[Any] = []
+    for key in ("rope_scaling", "rope_parameters"):
+        value = d.get(key)
+        if isinstance(value, dict):
+            nested = [v for v in value.values() if isinstance(v, dict)]  # per-layer-type parameters
+            entries.extend(nested or [value])
+    limit = max_pos
+    for entry in entries:
+        factor = entry.get("factor")
+        if factor is None or entry.get("rope_type", entry.get("type")) == "default":
+            continue
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 1:
+            raise MemlibError(f"rope scaling factor must be a number ≥ 1, got {factor!r}")
+        original = entry.get("original_max_position_embeddings") or d.get("original_max_position_embeddings")
+        if original is None:
+            original = max_pos
+        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+            raise MemlibError(f"config field 'original_max_position_embeddings' must be a positive integer, "
+                              f"got {original!r}")
+        limit = max(limit, int(original * factor))
+    return limit
+
+
+def check_seq_len(model: ModelConfig, seq_len: int) -> int:
+    """Return ``seq_len``, or raise :class:`MemlibError` if the model cannot take sequences that long.
+
+    Introduced in Chapter 1. A model has ``max_positions`` positions (GPT-2: ``n_positions`` = 1024; a rotary
+    model: ``max_position_embeddings``, longer with rope scaling); transformers fails on longer inputs (GPT-2's
+    position table raises IndexError), so memlib refuses to estimate, trace or plan them.
+
+    Args:
+        model: the loaded config.
+        seq_len: tokens per sequence.
+
+    Returns:
+        ``seq_len``.
+
+    Raises:
+        MemlibError: ``seq_len`` above the limit; the message names both.
+    """
+    if seq_len > model.max_positions:
+        field_name = "n_positions" if model.model_type == "gpt2" else "max_position_embeddings"
+        how = (field_name if model.max_positions == model.max_position_embeddings
+               else f"{field_name} {model.max_position_embeddings:,} with rope scaling")
+        raise MemlibError(f"seq_len {seq_len:,} exceeds {model.name}'s maximum of {model.max_positions:,} positions "
+                          f"({how}); expected seq_len ≤ {model.max_positions:,}")
+    return seq_len
+
+
 def _from_dict(d: dict[str, Any], name: str) -> ModelConfig:
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -150,7 +213,8 @@ def _from_dict(d: dict[str, Any], name: str) -> ModelConfig:
         return ModelConfig(
             name=name, model_type="gpt2", hidden_size=hidden, num_layers=layers, num_heads=heads,
             num_kv_heads=heads, head_dim=hidden // heads, intermediate_size=inner, vocab_size=vocab,
-            max_position_embeddings=_positive(d, ("n_positions", "max_position_embeddings"), 1024),
+            max_position_embeddings=(n_pos := _positive(d, ("n_positions", "max_position_embeddings"), 1024)),
+            max_positions=n_pos,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", True)), mlp="gelu", norm="layernorm",
             qkv_bias=True, out_bias=True, mlp_bias=True, learned_positions=True, embed_scale=False,
             attn_dropout=float(d.get("attn_pdrop", 0.1)), resid_dropout=float(d.get("resid_pdrop", 0.1)),
@@ -163,7 +227,8 @@ def _from_dict(d: dict[str, Any], name: str) -> ModelConfig:
     return ModelConfig(
         name=name, model_type=model_type, hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=_positive(d, ("intermediate_size",)),
-        vocab_size=vocab, max_position_embeddings=_positive(d, ("max_position_embeddings",), 2048),
+        vocab_size=vocab, max_position_embeddings=(n_pos := _positive(d, ("max_position_embeddings",), 2048)),
+        max_positions=_scaled_positions(d, n_pos),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", default_tie)), mlp="gated", norm="rmsnorm",
         qkv_bias=model_type == "qwen2" or bool(d.get("attention_bias", False)),
         out_bias=model_type != "qwen2" and bool(d.get("attention_bias", False)),

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .configs import ModelConfig, load_config
+from .configs import ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .lora import LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
@@ -201,7 +201,7 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
     check_choice("precision", precision, PRECISIONS)
     check_choice("attention", attention, ATTENTION)
     b = check_positive("batch_size", batch_size)
-    s = check_positive("seq_len", seq_len)
+    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
     e = 4 if precision == "fp32" else 2  # activation bytes
     T = b * s
     h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
@@ -311,7 +311,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         The estimate, bytes per GPU (and ``cpu_bytes`` of host memory with offload).
 
     Raises:
-        MemlibError: for bad input (message names the value and the choices).
+        MemlibError: for bad input (message names the value and the choices), including a ``seq_len`` above
+            the model's maximum positions (:func:`memlib.configs.check_seq_len`).
 
     Limitations:
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
@@ -356,6 +357,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         if params is not None:
             raise MemlibError("give either a model or params=N, not both")
         cfg = load_config(model)
+        check_seq_len(cfg, s)
         pc = count_params(cfg)
         n, small = pc.params, pc.small_tensor_params
         settings["model"] = cfg.name
@@ -518,9 +520,9 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     """
     cfg = load_config(model)
     b = check_positive("batch_size", batch_size)
-    s = check_positive("seq_len", seq_len)
     per_param = weight_bytes_per_param(weights)
     check_choice("kv dtype", kv_dtype, KV_DTYPES)
+    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
     pc = count_params(cfg)
     if weights in ("fp32", "fp16", "bf16"):
         w_bytes = int(per_param * pc.params)

@@ -6,15 +6,18 @@ marked with an asterisk; the sparse figure is exactly twice the dense one, and n
 it. Tensor-core peaks for the GeForce cards (RTX 3090, 4090) are the fp16/bf16 figures **with fp32
 accumulation**, what mixed-precision training uses; their fp16-accumulate figure is twice as high.
 
-Memory is stored in bytes as the datasheet prints it: the datasheet's "GB" taken as 10⁹ bytes. (HBM stacks
-come in powers of two, so an "80 GB" card actually holds 80 GiB; and the usable amount is less than either
-after ECC and the driver's reservations: ask ``torch.cuda.get_device_properties(0).total_memory`` on the card.)
-Bandwidth is in bytes per second (datasheet GB/s × 10⁹).
+Memory is stored in bytes and is **binary**: DRAM chips and HBM stacks come in powers of two, so the
+datasheet's "80 GB" is 80 GiB (80 × 2³⁰ bytes) and a "24 GB" RTX 3090 is 24 GiB (12 GDDR6X chips of 2 GiB;
+nvidia-smi shows 24,576 MiB). The H200's "141 GB" is likewise 141 GiB enabled of its six 24 GiB HBM3e stacks.
+The usable amount is less: the driver reserves some (a 4090 shows 24,564 MiB) and ECC, on by default on
+data-centre cards (T4, A10, L4, L40S), more; ask ``torch.cuda.mem_get_info()`` on the card. Bandwidth is in
+bytes per second (datasheet GB/s × 10⁹: a rate is decimal).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .dtypes import GiB
 from .errors import MemlibError
 
 __all__ = ["GpuSpec", "GPUS", "gpu_names", "get_gpu", "match_gpu"]
@@ -32,7 +35,7 @@ class GpuSpec:
         fp16_tflops: dense fp16 tensor-core TFLOP/s (fp32 accumulate).
         tf32_tflops: dense tf32 tensor-core TFLOP/s; None before Ampere.
         fp32_tflops: fp32 TFLOP/s on the ordinary (non-tensor) cores.
-        memory_bytes: memory as the datasheet prints it, datasheet GB × 10⁹.
+        memory_bytes: memory in bytes, binary: the datasheet's "GB" × 2³⁰ (see the module docstring).
         bandwidth_bytes_per_s: memory bandwidth, datasheet GB/s × 10⁹.
         memory_type: HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X.
         sparse_tflops_printed: the with-sparsity bf16/fp16 figure the datasheet prints (2 × dense), or None
@@ -77,8 +80,13 @@ class GpuSpec:
         return self.bandwidth_bytes_per_s / 1e9
 
     @property
+    def memory_gib(self) -> float:
+        """Memory in GiB (2³⁰ bytes): the number the datasheet prints as "GB"."""
+        return self.memory_bytes / GiB
+
+    @property
     def memory_gb(self) -> float:
-        """Memory in GB (10⁹ bytes), as the datasheet prints it."""
+        """Memory in GB (10⁹ bytes): 80 GiB is 85.9 GB."""
         return self.memory_bytes / 1e9
 
     def ridge_point(self, dtype: str = "bf16") -> float:
@@ -100,6 +108,8 @@ _L4_DS = ("NVIDIA L4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/l4)
           "TFLOPS, TF32 120*, FP32 30.3, 24 GB GDDR6, 300 GB/s; *with sparsity, dense is half")
 _A10_DS = ("NVIDIA A10 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/products/a10-gpu): BF16/FP16 "
            "Tensor Core 125 | 250* TFLOPS, TF32 62.5 | 125*, FP32 31.2, 24 GB GDDR6, 600 GB/s")
+_L40S_DS = ("NVIDIA L40S GPU datasheet (nvidia.com/en-us/data-center/l40s): BF16/FP16 Tensor Core 362.05 | "
+            "733* TFLOPS, TF32 183 | 366*, FP32 91.6, 48 GB GDDR6 with ECC, 864 GB/s; *with sparsity")
 _ADA_WP = ("NVIDIA Ada GPU Architecture whitepaper (RTX 4090 column): FP16/BF16 Tensor TFLOPS with FP32 "
            "accumulate 165.2 | 330.4*, TF32 82.6 | 165.2*, FP32 82.6, 24 GB GDDR6X, 1,008 GB/s")
 _GA102_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper (RTX 3090 column): FP16/BF16 Tensor TFLOPS with "
@@ -107,26 +117,28 @@ _GA102_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper (RTX 3090 column):
 
 #: The table, keyed by short name. Dense peaks throughout (see the module docstring).
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("v100", "Tesla V100 SXM2 32 GB", "Volta", None, 125.0, None, 15.7, 32 * 10**9, 900 * 10**9, "HBM2",
+    GpuSpec("v100", "Tesla V100 SXM2 32 GB", "Volta", None, 125.0, None, 15.7, 32 * GiB, 900 * 10**9, "HBM2",
             None, _V100_DS, "no bf16; the PCIe card: 112 TFLOPS tensor, 14 fp32"),
-    GpuSpec("t4", "Tesla T4", "Turing", None, 65.0, None, 8.1, 16 * 10**9, 320 * 10**9, "GDDR6", None, _T4_DS,
+    GpuSpec("t4", "Tesla T4", "Turing", None, 65.0, None, 8.1, 16 * GiB, 320 * 10**9, "GDDR6", None, _T4_DS,
             "no bf16; 70 W card"),
-    GpuSpec("a10", "A10", "Ampere", 125.0, 125.0, 62.5, 31.2, 24 * 10**9, 600 * 10**9, "GDDR6", 250.0, _A10_DS),
-    GpuSpec("a100-40gb", "A100 SXM 40 GB", "Ampere", 312.0, 312.0, 156.0, 19.5, 40 * 10**9, 1555 * 10**9, "HBM2",
-            624.0, _A100_DS, "the seed's 312 TFLOPS"),
-    GpuSpec("a100-80gb", "A100 SXM 80 GB", "Ampere", 312.0, 312.0, 156.0, 19.5, 80 * 10**9, 2039 * 10**9,
+    GpuSpec("a10", "A10", "Ampere", 125.0, 125.0, 62.5, 31.2, 24 * GiB, 600 * 10**9, "GDDR6", 250.0, _A10_DS),
+    GpuSpec("a100-40gb", "A100 SXM 40 GB", "Ampere", 312.0, 312.0, 156.0, 19.5, 40 * GiB, 1555 * 10**9, "HBM2",
+            624.0, _A100_DS, "the Strategies notes' 312 TFLOPS"),
+    GpuSpec("a100-80gb", "A100 SXM 80 GB", "Ampere", 312.0, 312.0, 156.0, 19.5, 80 * GiB, 2039 * 10**9,
             "HBM2e", 624.0, _A100_DS, "the PCIe 80 GB card: 1,935 GB/s"),
-    GpuSpec("rtx-3090", "GeForce RTX 3090", "Ampere", 71.0, 71.0, 35.6, 35.6, 24 * 10**9, 936 * 10**9, "GDDR6X",
+    GpuSpec("rtx-3090", "GeForce RTX 3090", "Ampere", 71.0, 71.0, 35.6, 35.6, 24 * GiB, 936 * 10**9, "GDDR6X",
             142.0, _GA102_WP, "with fp16 accumulation the fp16 tensor peak doubles (142 dense)"),
-    GpuSpec("rtx-4090", "GeForce RTX 4090", "Ada Lovelace", 165.2, 165.2, 82.6, 82.6, 24 * 10**9, 1008 * 10**9,
+    GpuSpec("rtx-4090", "GeForce RTX 4090", "Ada Lovelace", 165.2, 165.2, 82.6, 82.6, 24 * GiB, 1008 * 10**9,
             "GDDR6X", 330.4, _ADA_WP, "with fp16 accumulation the fp16 tensor peak doubles (330.3 dense)"),
-    GpuSpec("l4", "L4", "Ada Lovelace", 121.0, 121.0, 60.0, 30.3, 24 * 10**9, 300 * 10**9, "GDDR6", 242.0,
+    GpuSpec("l4", "L4", "Ada Lovelace", 121.0, 121.0, 60.0, 30.3, 24 * GiB, 300 * 10**9, "GDDR6", 242.0,
             _L4_DS, "72 W card; the datasheet prints only the sparsity figures"),
-    GpuSpec("h100-sxm", "H100 SXM 80 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 80 * 10**9, 3350 * 10**9, "HBM3",
+    GpuSpec("l40s", "L40S", "Ada Lovelace", 362.05, 362.05, 183.0, 91.6, 48 * GiB, 864 * 10**9, "GDDR6", None,
+            _L40S_DS, "a 48 GiB card; the datasheet's sparsity figure (733) is not twice its dense 362.05"),
+    GpuSpec("h100-sxm", "H100 SXM 80 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 80 * GiB, 3350 * 10**9, "HBM3",
             1979.0, _H100_DS, "fp8: 1,979 dense"),
-    GpuSpec("h100-pcie", "H100 PCIe 80 GB", "Hopper", 756.5, 756.5, 378.0, 51.0, 80 * 10**9, 2000 * 10**9,
+    GpuSpec("h100-pcie", "H100 PCIe 80 GB", "Hopper", 756.5, 756.5, 378.0, 51.0, 80 * GiB, 2000 * 10**9,
             "HBM2e", 1513.0, _H100_DS, "fp8: 1,513 dense"),
-    GpuSpec("h200", "H200 SXM 141 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 141 * 10**9, 4800 * 10**9, "HBM3e",
+    GpuSpec("h200", "H200 SXM 141 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 141 * GiB, 4800 * 10**9, "HBM3e",
             1979.0, _H200_DS, "same compute as H100 SXM; more and faster memory"),
 ]}
 
@@ -167,7 +179,7 @@ def match_gpu(device_name: str) -> GpuSpec | None:
     if "a100" in n:
         return GPUS["a100-40gb" if "40g" in n else "a100-80gb"]
     for key, needle in (("rtx-4090", "4090"), ("rtx-3090", "3090"), ("v100", "v100"), ("t4", "t4"),
-                        ("l4", "l4"), ("a10", "a10")):
+                        ("l40s", "l40s"), ("l4", "l4"), ("a10", "a10")):
         if needle in n.replace("-", " ").split() or n.endswith(needle) or f" {needle} " in f" {n} ":
             return GPUS[key]
     return None

@@ -18,6 +18,7 @@ from .configs import ModelConfig, load_config
 from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import KV_DTYPES, estimate_inference
+from .gpus import GPUS
 from .search import largest_fitting
 
 __all__ = [
@@ -31,6 +32,9 @@ __all__ = [
     "kv_bytes_per_token",
     "forward_activation_bytes",
     "serving_reserve",
+    "reserve_bytes",
+    "valid_tensor_parallel",
+    "check_tensor_parallel",
     "serving_fit",
     "max_batch_size",
     "max_seq_len",
@@ -41,20 +45,12 @@ __all__ = [
 
 ModelLike = str | Path | dict[str, Any] | ModelConfig
 
-#: Memory of common GPUs in bytes, as built: DRAM chips and HBM stacks come in powers of two, so the "24 GB" of
-#: an RTX 3090/4090 is 24 GiB of GDDR6X (12 chips of 2 GiB; 24 × 2³⁰ = 25.77e9 bytes). The usable amount is
-#: less: the driver keeps some, and ECC (on by default on data-centre cards such as T4, L4, L40S) more; read
+#: Memory of the GPUs in :data:`memlib.gpus.GPUS`, in bytes, keyed by their short names (``"rtx-4090"``): one
+#: table. Capacities are binary (DRAM chips and HBM stacks come in powers of two): the "24 GB" of an RTX
+#: 3090/4090 is 24 GiB of GDDR6X (12 chips of 2 GiB; 24 × 2³⁰ = 25.77e9 bytes). The usable amount is less: the
+#: driver keeps some, and ECC (on by default on data-centre cards such as T4, L4, L40S) more; read
 #: ``torch.cuda.mem_get_info()`` on the card.
-GPU_MEMORY: dict[str, int] = {
-    "T4 (16 GiB)": 16 * GiB,
-    "RTX 3090 (24 GiB)": 24 * GiB,
-    "RTX 4090 (24 GiB)": 24 * GiB,
-    "L4 (24 GiB)": 24 * GiB,
-    "A100 40GB (40 GiB)": 40 * GiB,
-    "L40S (48 GiB)": 48 * GiB,
-    "A100 80GB (80 GiB)": 80 * GiB,
-    "H100 80GB (80 GiB)": 80 * GiB,
-}
+GPU_MEMORY: dict[str, int] = {name: g.memory_bytes for name, g in GPUS.items()}
 
 #: KV-cache layouts: multi-head (one K/V head per query head), grouped-query (the config's KV heads),
 #: multi-query (one K/V head shared by all query heads).
@@ -71,6 +67,55 @@ DEFAULT_CUDA_CONTEXT: int = 1 * GiB
 #: middle value; vLLM leaves 10 % of the GPU unused by default (``gpu_memory_utilization=0.9``) for all of
 #: this together with the context.
 DEFAULT_FRAGMENTATION: float = 0.05
+
+
+def reserve_bytes(allocated_bytes: int, *, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
+                  fragmentation: float = DEFAULT_FRAGMENTATION) -> int:
+    """The book's one reserve policy: what a GPU needs beyond the tensors an estimate counts. Chapter 11.
+
+    reserve = CUDA context and workspaces + fragmentation × allocated (default 1 GiB + 5 %). Serving
+    (:func:`serving_fit`) and the planner (:func:`memlib.plan.plan`, training and inference) both use it:
+    an estimate fits a GPU when ``allocated + reserve_bytes(allocated) <= GPU memory``.
+
+    Args:
+        allocated_bytes: the tensors the estimate counts (weights, states, KV cache, activations).
+        cuda_context_bytes: CUDA context and library workspaces.
+        fragmentation: fraction of ``allocated_bytes`` added for the allocator's fragmentation, in [0, 1).
+
+    Returns:
+        Bytes to keep free beside the estimate.
+    """
+    alloc = check_positive("allocated_bytes", allocated_bytes, allow_zero=True)
+    ctx = check_positive("cuda_context_bytes", cuda_context_bytes, allow_zero=True)
+    if not 0.0 <= fragmentation < 1.0:
+        raise MemlibError(f"fragmentation must be in [0, 1), got {fragmentation!r}")
+    return ctx + int(math.ceil(alloc * fragmentation))
+
+
+def valid_tensor_parallel(model: ModelLike, limit: int = 64) -> list[int]:
+    """Tensor-parallel degrees a model's attention allows, up to ``limit``. Chapter 11.
+
+    vLLM's rule: the degree divides the query heads, and either divides the KV heads (each GPU holds
+    num_kv_heads / tp of them) or is a multiple of them (each KV head replicated on tp / num_kv_heads GPUs).
+    """
+    cfg = load_config(model)
+    return [t for t in range(1, check_positive("limit", limit) + 1)
+            if cfg.num_heads % t == 0 and (cfg.num_kv_heads % t == 0 or t % cfg.num_kv_heads == 0)]
+
+
+def check_tensor_parallel(model: ModelLike, tensor_parallel: int) -> int:
+    """Return ``tensor_parallel``, or raise :class:`MemlibError` if the model's heads cannot be split that way.
+
+    Introduced in Chapter 11 (see :func:`valid_tensor_parallel`): Llama-3-70B (64 query heads, 8 KV heads)
+    takes 1, 2, 4, 8, 16, 32 or 64 GPUs, not 3.
+    """
+    cfg = load_config(model)
+    tp = check_positive("tensor_parallel", tensor_parallel)
+    valid = valid_tensor_parallel(cfg, max(tp, 8))
+    if tp not in valid:
+        raise MemlibError(f"tensor_parallel {tp} does not divide {cfg.name}'s {cfg.num_heads} attention heads and "
+                          f"{cfg.num_kv_heads} KV heads; expected one of: {', '.join(map(str, valid))}")
+    return tp
 
 
 @dataclass(frozen=True)
@@ -174,7 +219,8 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     return 2 * cfg.num_layers * heads * cfg.head_dim * KV_DTYPES[kv_dtype]
 
 
-def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1, act_bytes: int = 2) -> int:
+def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1, act_bytes: int = 2,
+                             tensor_parallel: int = 1) -> int:
     """Estimated largest transient of one inference forward pass over ``tokens`` tokens, in bytes.
 
     Introduced in Chapter 11. Nothing is saved for backward at inference, so only one layer's intermediates
@@ -194,16 +240,19 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
         tokens: tokens in the forward pass (prefill: batch × prompt length, or a prefill chunk).
         batch_size: sequences (for the last-position logits).
         act_bytes: bytes per activation element (2 for fp16/bf16).
+        tensor_parallel: GPUs a layer is split over (Megatron-style): the MLP's intermediate and the heads'
+            q, k, v divide by it, the residual stream (T·h) and the logits do not.
 
     Returns:
-        Bytes. An estimate of the peak transient, not a measurement; it ignores kernel workspaces.
+        Bytes per GPU. An estimate of the peak transient, not a measurement; it ignores kernel workspaces.
     """
     cfg = load_config(model)
     t = check_positive("tokens", tokens)
     b = check_positive("batch_size", batch_size)
+    tp = check_positive("tensor_parallel", tensor_parallel)
     h, f = cfg.hidden_size, cfg.intermediate_size
-    mlp = (3 * f + 4 * h) if cfg.mlp == "gated" else (5 * f + 2 * h)
-    attn = 3 * cfg.q_dim + 4 * cfg.kv_dim + 4 * h
+    mlp = (-(-3 * f // tp) + 4 * h) if cfg.mlp == "gated" else (-(-5 * f // tp) + 2 * h)
+    attn = -(-(3 * cfg.q_dim + 4 * cfg.kv_dim) // tp) + 4 * h
     layers = t * max(mlp, attn) * act_bytes
     head = t * 2 * h * act_bytes + b * cfg.vocab_size * (act_bytes + 4)  # after the last layer
     return max(layers, head)
@@ -211,7 +260,7 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
 
 def serving_reserve(model: ModelLike, *, batch_size: int = 1, seq_len: int = 2048,
                     prefill_tokens: int | None = None, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
-                    fragmentation: float = DEFAULT_FRAGMENTATION) -> Reserve:
+                    fragmentation: float = DEFAULT_FRAGMENTATION, tensor_parallel: int = 1) -> Reserve:
     """The reserve for CUDA context, activations and fragmentation. Introduced in Chapter 11.
 
     Args:
@@ -222,27 +271,32 @@ def serving_reserve(model: ModelLike, *, batch_size: int = 1, seq_len: int = 204
             prompts in one pass (batch_size × seq_len, as ``model.generate`` does).
         cuda_context_bytes: CUDA context and workspaces (default 1 GiB, see :data:`DEFAULT_CUDA_CONTEXT`).
         fragmentation: fraction of the allocated tensors added for fragmentation (default 0.05).
+        tensor_parallel: GPUs each layer is split over (see :func:`forward_activation_bytes`).
 
     Returns:
-        The reserve.
+        The reserve (per GPU).
     """
     b = check_positive("batch_size", batch_size)
     s = check_positive("seq_len", seq_len)
-    check_positive("cuda_context_bytes", cuda_context_bytes, allow_zero=True)
-    if not 0.0 <= fragmentation < 1.0:
-        raise MemlibError(f"fragmentation must be in [0, 1), got {fragmentation!r}")
+    reserve_bytes(0, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)  # validates both
     tokens = b * s if prefill_tokens is None else min(check_positive("prefill_tokens", prefill_tokens), b * s)
-    act = forward_activation_bytes(model, tokens, b)
+    act = forward_activation_bytes(model, tokens, b, tensor_parallel=tensor_parallel)
     return Reserve(int(cuda_context_bytes), act, float(fragmentation), prefill_tokens)
 
 
 def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1, seq_len: int = 2048,
                 weights: str = "fp16", kv_dtype: str = "fp16", layout: str | None = None,
                 prefill_tokens: int | None = None, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
-                fragmentation: float = DEFAULT_FRAGMENTATION) -> ServingFit:
+                fragmentation: float = DEFAULT_FRAGMENTATION, tensor_parallel: int = 1,
+                pipeline_parallel: int = 1) -> ServingFit:
     """Weights + KV cache (from :func:`memlib.estimate.estimate_inference`) + reserve vs a GPU. Chapter 11.
 
-    total = (weights + KV + activations) × (1 + fragmentation) + CUDA context.
+    total = (weights + KV + activations) × (1 + fragmentation) + CUDA context, the reserve policy of
+    :func:`reserve_bytes`. The one serving-fit function: the planner's inference path (Chapter 13) calls it.
+    With ``tensor_parallel`` × ``pipeline_parallel`` GPUs the terms are per GPU: weights and KV cache of
+    ceil(L / pipeline_parallel) layers, split over ``tensor_parallel`` GPUs (KV heads replicated where the
+    degree exceeds them), activations as in :func:`forward_activation_bytes`, a CUDA context on each GPU.
+    Limitation: the embedding and LM head are spread like the layers, not kept on the first/last stage.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -255,23 +309,42 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
         prefill_tokens: see :func:`serving_reserve`.
         cuda_context_bytes: see :func:`serving_reserve`.
         fragmentation: see :func:`serving_reserve`.
+        tensor_parallel: GPUs each layer is split over; must suit the heads (:func:`check_tensor_parallel`).
+        pipeline_parallel: pipeline stages, each holding ceil(L / stages) layers.
 
     Returns:
-        The fit, term by term.
+        The fit, term by term (per GPU when split).
+
+    Raises:
+        MemlibError: bad input, a ``seq_len`` above the model's positions, or a tensor-parallel degree the
+            heads do not allow.
     """
     gpu = check_positive("gpu_memory_bytes", gpu_memory_bytes)
     cfg = load_config(model)
+    tp = check_tensor_parallel(cfg, tensor_parallel)
+    pp = check_positive("pipeline_parallel", pipeline_parallel)
+    if pp > cfg.num_layers:
+        raise MemlibError(f"pipeline_parallel {pp} exceeds {cfg.name}'s {cfg.num_layers} layers; "
+                          f"expected at most {cfg.num_layers}")
     est = estimate_inference(cfg, batch_size=batch_size, seq_len=seq_len, weights=weights, kv_dtype=kv_dtype)
     kv = est.kv_cache_bytes
     if layout is not None:
         kv = kv_bytes_per_token(cfg, kv_dtype, layout=layout) * int(seq_len) * int(batch_size)
+    layers = -(-cfg.num_layers // pp)  # layers on the fullest stage
+    kv_heads = kv_heads_for(cfg, layout)
+    kv_split = tp if kv_heads % tp == 0 else kv_heads  # replicated KV heads: one per GPU
+    weights_gpu = -(-est.weights_bytes * layers // (cfg.num_layers * tp))
+    kv_gpu = -(-kv * layers // (cfg.num_layers * kv_split))
     res = serving_reserve(cfg, batch_size=batch_size, seq_len=seq_len, prefill_tokens=prefill_tokens,
-                          cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
-    allocated = est.weights_bytes + kv + res.activation_bytes
-    frag = int(math.ceil(allocated * res.fragmentation))
-    total = allocated + frag + res.cuda_context_bytes
+                          cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation, tensor_parallel=tp)
+    allocated = weights_gpu + kv_gpu + res.activation_bytes
+    total = allocated + reserve_bytes(allocated, cuda_context_bytes=res.cuda_context_bytes,
+                                      fragmentation=res.fragmentation)
+    frag = total - allocated - res.cuda_context_bytes
     settings = dict(est.settings, layout=layout or "as configured", prefill_tokens=prefill_tokens)
-    return ServingFit(est.weights_bytes, kv, res.activation_bytes, frag, res.cuda_context_bytes, total, gpu,
+    if tp > 1 or pp > 1:
+        settings.update(tensor_parallel=tp, pipeline_parallel=pp)
+    return ServingFit(weights_gpu, kv_gpu, res.activation_bytes, frag, res.cuda_context_bytes, total, gpu,
                       total <= gpu, settings)
 
 
@@ -323,7 +396,8 @@ def max_seq_len(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
                 limit: int = 1 << 24) -> int:
     """The longest context (tokens per sequence) at ``batch_size`` that fits the GPU (0 if none). Chapter 11.
 
-    Memory only: the model's ``max_position_embeddings`` is not applied (compare it yourself).
+    The search stops at the model's maximum positions (``ModelConfig.max_positions``: GPT-2 1024, LLaMA-1
+    2048, ...): a result equal to it means memory allows at least that much, the model no more.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -345,7 +419,8 @@ def max_seq_len(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
 
     fits = _fits_at(cfg, gpu_memory_bytes, weights=weights, kv_dtype=kv_dtype, layout=layout,
                     prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
-    return largest_fitting(lambda s: fits(batch_size, s), start=1024, cap=limit)
+    cap = min(limit, cfg.max_positions)
+    return largest_fitting(lambda s: fits(batch_size, s), start=min(1024, cap), cap=cap)
 
 
 def batch_context_frontier(model: ModelLike, gpu_memory_bytes: int, seq_lens: Sequence[int], *,
@@ -356,6 +431,10 @@ def batch_context_frontier(model: ModelLike, gpu_memory_bytes: int, seq_lens: Se
 
     Returns:
         ``[(seq_len, max_batch), ...]`` in the order given; every point below the frontier fits.
+
+    Raises:
+        MemlibError: a context length above the model's maximum positions (filter with
+            ``ModelConfig.max_positions``).
     """
     cfg = load_config(model)
     return [(int(s), max_batch_size(cfg, gpu_memory_bytes, seq_len=s, weights=weights, kv_dtype=kv_dtype,

@@ -8,22 +8,29 @@ from typing import Any
 from .configs import ModelConfig, load_config
 from .dtypes import GB, GiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
-from .estimate import estimate_inference, estimate_training
+from .configs import check_seq_len
+from .estimate import estimate_training
+from .inference import (DEFAULT_CUDA_CONTEXT, DEFAULT_FRAGMENTATION, reserve_bytes, serving_fit,
+                        valid_tensor_parallel)
 from .lora import lora_params, qlora_base_bytes
 from .params import count_params
 from .search import bisect_last
 
-__all__ = ["JOBS", "PRIORITY", "PlanStep", "Plan", "plan", "recompute_overhead", "DEFAULT_RESERVE"]
+__all__ = ["JOBS", "PRIORITY", "PlanStep", "Plan", "plan", "recompute_overhead", "DEFAULT_RESERVE",
+           "DEFAULT_FRAGMENTATION"]
 
 #: What the planner can be asked to make fit.
 JOBS = ("train", "lora", "qlora", "infer")
 
-#: The seeds' priority order for training (cheapest first). Inference has its own ladder.
+#: The priority order for training (cheapest first), after the two source notes' lists: every full
+#: fine-tuning technique comes before LoRA / QLoRA, which changes the job. Inference has its own ladder.
 PRIORITY = ("bf16 mixed precision", "FlashAttention", "gradient accumulation", "activation checkpointing",
-            "ZeRO-2", "8-bit AdamW", "ZeRO-3", "LoRA / QLoRA", "CPU offload")
+            "ZeRO-2", "8-bit AdamW", "ZeRO-3", "pure bf16", "CPU offload", "LoRA / QLoRA")
 
-#: Memory kept free on every GPU for the CUDA context, library workspaces and allocator fragmentation.
-DEFAULT_RESERVE = 2 * GiB
+#: Memory kept free on every GPU for the CUDA context and library workspaces; the planner adds
+#: :data:`DEFAULT_FRAGMENTATION` of the estimate on top: the one reserve policy of
+#: :func:`memlib.inference.reserve_bytes` (1 GiB + 5 %), the same in Chapters 9, 11 and 13.
+DEFAULT_RESERVE = DEFAULT_CUDA_CONTEXT
 
 # Effective host-device bandwidth used to turn offload traffic into time (PCIe Gen4 x16 ≈ 25 GB/s measured).
 _PCIE_BYTES_PER_S = 25 * GB
@@ -36,12 +43,14 @@ class PlanStep:
     Attributes:
         technique: the technique this rung adds (``"baseline"`` for the first).
         settings: the estimator keyword arguments of the whole combination at this rung.
-        per_gpu_bytes: estimated peak per GPU (bytes).
+        per_gpu_bytes: estimated peak per GPU (bytes): the tensors the estimators count.
         cpu_bytes: host memory for offloaded states (bytes).
-        fits: per_gpu_bytes + reserve ≤ GPU memory.
+        fits: per_gpu_bytes + reserve_bytes ≤ GPU memory.
         cost: what the rung costs (extra compute, extra communication, notes), as text.
         applicable: False when the technique does not apply (one GPU for ZeRO, batch 1 for accumulation).
         needed: in the final plan, whether removing this rung breaks the fit (None before pruning).
+        reserve_bytes: the reserve beside the estimate: CUDA context + fragmentation × per_gpu_bytes
+            (:func:`memlib.inference.reserve_bytes`).
     """
 
     technique: str
@@ -52,6 +61,12 @@ class PlanStep:
     cost: str
     applicable: bool = True
     needed: bool | None = None
+    reserve_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """What must fit the GPU: the estimate plus the reserve."""
+        return self.per_gpu_bytes + self.reserve_bytes
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,9 @@ class Plan:
         min_gpus: when nothing fits, the fewest GPUs of this memory with which some plan fits (None if more
             than 4096, e.g. when one sequence's activations alone do not fit).
         inputs: the question asked, echoed.
+        notes: what the reader must know about the answer: the plan changed the job (full fine-tuning became
+            LoRA/QLoRA), or the GPU count was not a valid tensor-parallel degree and pipeline parallelism
+            was used.
     """
 
     fits: bool
@@ -75,6 +93,7 @@ class Plan:
     steps: list[PlanStep]
     min_gpus: int | None
     inputs: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (bytes as ints)."""
@@ -120,10 +139,14 @@ def _cost(technique: str, cfg: ModelConfig, kw: dict[str, Any], n_gpus: int) -> 
         return "optimizer states 8 → 2 bytes/param; matches 32-bit Adam in the paper's benchmarks"
     if technique == "ZeRO-3":
         return "communication 3Ψ instead of 2Ψ per step: +50 %"
+    if technique == "pure bf16":
+        return ("no fp32 master weights (2 + 2 bytes/param for weights and grads): updates below bf16's "
+                "resolution are lost; Kahan summation or stochastic rounding recovers them")
     if technique == "LoRA / QLoRA":
         t = lora_params(cfg, kw.get("lora_rank", 16), kw.get("lora_targets", "all-linear"))
         kind = "QLoRA (NF4 base)" if kw["method"] == "qlora" else "LoRA"
-        return f"{kind}: trains {t / 1e6:,.1f} M adapter params ({100 * t / n:.2f} %), not full fine-tuning"
+        return (f"changes the job: {kind} trains {t / 1e6:,.1f} M adapter params ({100 * t / n:.2f} %), "
+                "not full fine-tuning")
     if technique == "CPU offload":
         shard = n_gpus if kw["zero_stage"] >= 1 else 1
         traffic = 2 * 2 * n / shard if kw["method"] == "full" else 2 * 4 * lora_params(cfg, kw["lora_rank"])
@@ -136,26 +159,34 @@ def _cost(technique: str, cfg: ModelConfig, kw: dict[str, Any], n_gpus: int) -> 
 
 
 def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train", num_gpus: int = 1,
-         gpu_memory: int | str = 80 * GB, batch_size: int = 1, seq_len: int = 2048,
-         reserve: int | str = DEFAULT_RESERVE, lora_rank: int = 16, search_gpus: bool = True) -> Plan:
-    """Find the cheapest combination of techniques, in the seeds' priority order, that fits.
+         gpu_memory: int | str = 80 * GiB, batch_size: int = 1, seq_len: int = 2048,
+         reserve: int | str = DEFAULT_RESERVE, fragmentation: float = DEFAULT_FRAGMENTATION, lora_rank: int = 16,
+         search_gpus: bool = True) -> Plan:
+    """Find the cheapest combination of techniques, in the priority order of the two source notes, that fits.
 
     Introduced in Chapter 13. Training jobs climb the ladder bf16 mixed precision → FlashAttention →
     gradient accumulation → activation checkpointing (selective, then full) → ZeRO-2 → 8-bit AdamW → ZeRO-3 →
-    LoRA/QLoRA → CPU offload, estimating per-GPU memory at each rung with
-    :func:`memlib.estimate.estimate_training`; the first rung that fits is pruned of rungs it does not need
-    (the free ones, mixed precision and FlashAttention, are kept). ``lora`` and ``qlora`` jobs start with that
-    method. ``infer`` climbs fp16 → fp8 KV cache → int8 → int4 (NF4) weights, with weights and KV cache split
-    over the GPUs (tensor parallelism).
+    pure bf16 → CPU offload (optimizer, then parameters) → LoRA/QLoRA, estimating per-GPU memory at each rung
+    with :func:`memlib.estimate.estimate_training`; the first rung that fits is pruned of rungs it does not
+    need (the free ones, mixed precision and FlashAttention, are kept). Every full fine-tuning option comes
+    before LoRA/QLoRA; when the plan changes the job it says so in :attr:`Plan.notes`. ``lora`` and ``qlora``
+    jobs start with that method. ``infer`` climbs fp16 → fp8 KV cache → int8 → int4 (NF4) weights, each rung
+    checked with :func:`memlib.inference.serving_fit` (weights, KV cache, prefill activations and the
+    reserve), split over the GPUs by tensor parallelism where the heads allow the degree and by pipeline
+    parallelism otherwise.
+
+    A rung fits when its estimate plus the reserve, ``reserve`` + ``fragmentation`` × estimate (the policy of
+    :func:`memlib.inference.reserve_bytes`), is at most the GPU's memory.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
         job: ``train``, ``lora``, ``qlora`` or ``infer``.
-        num_gpus: data-parallel GPUs (tensor-parallel for ``infer``).
-        gpu_memory: memory of one GPU, bytes or a size such as ``"80GB"``.
+        num_gpus: data-parallel GPUs (tensor- or pipeline-parallel for ``infer``).
+        gpu_memory: memory of one GPU, bytes or a size such as ``"80GiB"`` (GPU capacities are binary).
         batch_size: sequences per GPU per optimizer step (training) or concurrent sequences (inference).
-        seq_len: tokens per sequence.
-        reserve: memory kept free per GPU (CUDA context, workspaces, fragmentation).
+        seq_len: tokens per sequence; at most the model's maximum positions.
+        reserve: CUDA context and workspaces kept free per GPU (default 1 GiB).
+        fragmentation: fraction of the estimate added for allocator fragmentation (default 0.05).
         lora_rank: LoRA rank for the LoRA rungs.
         search_gpus: when nothing fits, find the fewest GPUs (up to 4096) with which a plan fits. For training
             that is often none: with everything offloaded, each GPU still holds one micro-batch's activations
@@ -165,25 +196,33 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         The plan. It never reports ``fits`` for a combination whose estimate plus reserve exceeds the memory.
 
     Raises:
-        MemlibError: bad input (the message names the value and the choices).
+        MemlibError: bad input (the message names the value and the choices), including a ``seq_len`` above
+            the model's maximum positions.
     """
     check_choice("job", job, JOBS)
     cfg = load_config(model)
     n_gpus = check_positive("num_gpus", num_gpus)
     b = check_positive("batch_size", batch_size)
-    s = check_positive("seq_len", seq_len)
+    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
     mem = parse_size(gpu_memory) if isinstance(gpu_memory, str) else check_positive("gpu_memory", gpu_memory)
     res = parse_size(reserve) if isinstance(reserve, str) else int(reserve)
     if res < 0:
         raise MemlibError(f"invalid reserve {res}; expected a size ≥ 0")
     if res >= mem:
         raise MemlibError(f"reserve {res:,} B leaves nothing of gpu memory {mem:,} B; expected reserve < gpu memory")
+    frag = float(fragmentation)
+    reserve_bytes(0, cuda_context_bytes=res, fragmentation=frag)  # validates the fragmentation
     check_positive("lora rank", lora_rank)
-    budget = mem - res
     inputs = {"model": cfg.name, "job": job, "num_gpus": n_gpus, "gpu_memory": mem, "batch_size": b,
-              "seq_len": s, "reserve": res, "lora_rank": lora_rank}
+              "seq_len": s, "reserve": res, "fragmentation": frag, "lora_rank": lora_rank}
     if job == "infer":
-        return _plan_inference(cfg, n_gpus, budget, b, s, inputs)
+        return _plan_inference(cfg, n_gpus, mem, b, s, res, frag, inputs, search_gpus)
+
+    def reserve_for(total: int) -> int:
+        return reserve_bytes(total, cuda_context_bytes=res, fragmentation=frag)
+
+    def fits_mem(total: int) -> bool:
+        return total + reserve_for(total) <= mem
 
     method = {"train": "full", "lora": "lora", "qlora": "qlora"}[job]
     kw: dict[str, Any] = dict(batch_size=b, seq_len=s, precision="fp32", optimizer="adamw", zero_stage=0,
@@ -200,7 +239,7 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
             return k
         for m in sorted((d for d in range(1, b + 1) if b % d == 0), reverse=True):
             trial = {**k, "batch_size": m, "_accumulation": b // m}
-            if est(trial)[0] <= budget:
+            if fits_mem(est(trial)[0]):
                 return trial
         return {**k, "batch_size": 1, "_accumulation": b}
 
@@ -209,8 +248,9 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
 
     def add(technique: str, k: dict[str, Any], applicable: bool = True) -> bool:
         total, cpu = est(k)
-        fits = total <= budget
-        steps.append(PlanStep(technique, _public(k), total, cpu, fits, _cost(technique, cfg, k, n_gpus), applicable))
+        fits = fits_mem(total)
+        steps.append(PlanStep(technique, _public(k), total, cpu, fits, _cost(technique, cfg, k, n_gpus), applicable,
+                              reserve_bytes=reserve_for(total)))
         return fits
 
     ladder = _ladder(kw, job, n_gpus, b)
@@ -221,13 +261,14 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         for technique, variants in ladder:
             applicable = bool(variants)
             if not applicable:
-                steps.append(PlanStep(technique, _public(kw), steps[-1].per_gpu_bytes, steps[-1].cpu_bytes,
-                                      steps[-1].fits, "not applicable here", applicable=False))
+                last = steps[-1]
+                steps.append(PlanStep(technique, _public(kw), last.per_gpu_bytes, last.cpu_bytes, last.fits,
+                                      "not applicable here", applicable=False, reserve_bytes=last.reserve_bytes))
                 continue
             for i, change in enumerate(variants):
                 trial = best_micro({**kw, **change})
                 total, _ = est(trial)
-                if total <= budget or i == len(variants) - 1:
+                if fits_mem(total) or i == len(variants) - 1:
                     kw = trial
                     break
             if add(technique, kw):
@@ -239,10 +280,17 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         more = None
         if search_gpus:
             more = _min_gpus(lambda n: plan(cfg, job=job, num_gpus=n, gpu_memory=mem, batch_size=b, seq_len=s,
-                                            reserve=res, lora_rank=lora_rank, search_gpus=False).fits, n_gpus)
+                                            reserve=res, fragmentation=frag, lora_rank=lora_rank,
+                                            search_gpus=False).fits, n_gpus)
         return Plan(False, None, closest, steps, more, inputs)
-    chosen = _prune(steps, chosen_idx, kw, est, budget, method)
-    return Plan(True, chosen, chosen, steps, None, inputs)
+    chosen = _prune(steps, chosen_idx, kw, est, fits_mem, reserve_for, method)
+    notes = []
+    if chosen.settings["method"] != method:
+        names = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
+        notes.append(f"the plan changes the job: {names[method]} does not fit, {names[chosen.settings['method']]} "
+                     f"does (it trains adapters only, with a {'4-bit' if chosen.settings['method'] == 'qlora' else '16-bit'} "
+                     "frozen base)")
+    return Plan(True, chosen, chosen, steps, None, inputs, notes)
 
 
 def _public(k: dict[str, Any]) -> dict[str, Any]:
@@ -262,9 +310,11 @@ def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int) -> list[tuple[str
         ("ZeRO-2", [{"zero_stage": 2}] if multi else []),
         ("8-bit AdamW", [{"optimizer": "adamw-8bit"}]),
         ("ZeRO-3", [{"zero_stage": 3}] if multi else []),
-        ("LoRA / QLoRA", [{"method": "lora"}, {"method": "qlora"}] if job == "train"
-         else [{"method": "qlora"}] if job == "lora" else []),
+        ("pure bf16", [{"precision": "bf16"}] if job == "train" else []),
         ("CPU offload", [{"offload": "optimizer"}, {"offload": "params+optimizer", "zero_stage": 3}]),
+        ("LoRA / QLoRA", [{"method": "lora", "offload": "none"}, {"method": "qlora", "offload": "none"},
+                          {"method": "qlora"}] if job == "train"
+         else [{"method": "qlora", "offload": "none"}, {"method": "qlora"}] if job == "lora" else []),
     ]
 
 
@@ -272,10 +322,11 @@ def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int) -> list[tuple[str
 _OFF: dict[str, dict[str, Any]] = {
     "gradient accumulation": {"_accumulation_on": False}, "activation checkpointing": {"recompute": "none"},
     "ZeRO-2": {"zero_stage": 0}, "8-bit AdamW": {"optimizer": "adamw"}, "ZeRO-3": {"zero_stage": 2},
-    "CPU offload": {"offload": "none"}}
+    "pure bf16": {"precision": "bf16-mixed"}, "CPU offload": {"offload": "none"}}
 
 
-def _prune(steps: list[PlanStep], idx: int, kw: dict[str, Any], est: Any, budget: int, method: str) -> PlanStep:
+def _prune(steps: list[PlanStep], idx: int, kw: dict[str, Any], est: Any, fits_mem: Any, reserve_for: Any,
+           method: str) -> PlanStep:
     """Drop rungs below ``idx`` that the fit does not need; mark each rung needed or not."""
     final = dict(kw)
     b = steps[0].settings["batch_size"]
@@ -288,24 +339,26 @@ def _prune(steps: list[PlanStep], idx: int, kw: dict[str, Any], est: Any, budget
             continue  # parameter offload needs ZeRO-3
         if st.technique == "ZeRO-2" and final.get("zero_stage", 0) == 3:
             continue  # subsumed by ZeRO-3
-        if st.technique == "CPU offload":
-            continue  # the last rung; it is the one that made it fit
+        if st.technique == "CPU offload" and final.get("offload", "none") == "none":
+            continue  # already switched off by a later rung (LoRA / QLoRA)
         trial = {**final, **off}
         if st.technique == "gradient accumulation":
             trial = {**trial, "batch_size": b, "_accumulation": 1}
-        if st.technique == "LoRA / QLoRA" and final["method"] == "qlora" and method == "full":
-            lora_trial = {**final, "method": "lora"}  # QLoRA → LoRA first, then full fine-tuning
-            if est(lora_trial)[0] <= budget:
-                final = lora_trial
-        needed = est(trial)[0] > budget
-        steps[i] = PlanStep(st.technique, st.settings, st.per_gpu_bytes, st.cpu_bytes, st.fits, st.cost, True, needed)
+        needed = not fits_mem(est(trial)[0])
+        steps[i] = PlanStep(st.technique, st.settings, st.per_gpu_bytes, st.cpu_bytes, st.fits, st.cost, True, needed,
+                            st.reserve_bytes)
         if not needed:
             final = trial
     top = steps[idx]
+    if top.technique == "LoRA / QLoRA" and final["method"] == "qlora" and method == "full":
+        lora_trial = {**final, "method": "lora"}  # the lighter change of job first: LoRA before QLoRA
+        if fits_mem(est(lora_trial)[0]):
+            final = lora_trial
     total, cpu = est(final)
     steps[idx] = PlanStep(top.technique, top.settings, top.per_gpu_bytes, top.cpu_bytes, top.fits, top.cost,
-                          top.applicable, True)
-    return PlanStep("plan", _public(final), total, cpu, True, "the cheapest combination found", True, True)
+                          top.applicable, True, top.reserve_bytes)
+    return PlanStep("plan", _public(final), total, cpu, True, "the cheapest combination found", True, True,
+                    reserve_for(total))
 
 
 def _min_gpus(fits: Any, n_gpus: int) -> int | None:
@@ -318,21 +371,54 @@ def _min_gpus(fits: Any, n_gpus: int) -> int | None:
     return None
 
 
-def _plan_inference(cfg: ModelConfig, n_gpus: int, budget: int, b: int, s: int, inputs: dict[str, Any]) -> Plan:
+def _layout(cfg: ModelConfig, n_gpus: int) -> tuple[int, int]:
+    """(tensor-parallel, pipeline-parallel) degrees for ``n_gpus`` inference GPUs.
+
+    Tensor parallelism over all of them where the heads allow it (:func:`memlib.inference.valid_tensor_parallel`);
+    otherwise the largest allowed degree dividing ``n_gpus``, times pipeline stages for the rest.
+    """
+    valid = valid_tensor_parallel(cfg, n_gpus)
+    tp = max(t for t in valid if n_gpus % t == 0)
+    return tp, min(n_gpus // tp, cfg.num_layers)
+
+
+def _plan_inference(cfg: ModelConfig, n_gpus: int, mem: int, b: int, s: int, res: int, frag: float,
+                    inputs: dict[str, Any], search_gpus: bool) -> Plan:
     rungs = [("baseline", {"weights": "fp16", "kv_dtype": "fp16"}, "fp16 weights and KV cache"),
              ("fp8 KV cache", {"weights": "fp16", "kv_dtype": "fp8"}, "KV cache halved; small accuracy cost"),
              ("int8 weights", {"weights": "int8", "kv_dtype": "fp8"}, "weights halved (LLM.int8 / weight-only int8)"),
              ("int4 weights", {"weights": "nf4", "kv_dtype": "fp8"}, "weights ≈ quartered (NF4/GPTQ/AWQ); "
                                                                       "some accuracy cost")]
+    tp, pp = _layout(cfg, n_gpus)
+    notes = []
+    if n_gpus > 1:
+        split = f"tensor parallel × {tp}" + (f", pipeline parallel × {pp}" if pp > 1 else "")
+        if tp != n_gpus:
+            valid = [t for t in valid_tensor_parallel(cfg, max(64, n_gpus))]
+            nxt = min((t for t in valid if t > n_gpus), default=None)
+            notes.append(f"{n_gpus} GPUs is not a tensor-parallel degree for {cfg.num_heads} attention heads and "
+                         f"{cfg.num_kv_heads} KV heads (allowed: {', '.join(map(str, valid[:8]))}); the plan uses "
+                         f"{split} (vLLM: --tensor-parallel-size {tp} --pipeline-parallel-size {pp})"
+                         + (f", or use {nxt} GPUs with tensor parallel × {nxt}" if nxt else ""))
+        used = tp * pp
+        if used < n_gpus:
+            notes.append(f"only {used} of the {n_gpus} GPUs hold layers ({cfg.num_layers} layers)")
+    else:
+        split = ""
     steps: list[PlanStep] = []
     for name, k, cost in rungs:
-        e = estimate_inference(cfg, batch_size=b, seq_len=s, **k)
-        per_gpu = -(-e.total_bytes // n_gpus)
-        settings = {**k, "batch_size": b, "seq_len": s, "num_gpus": n_gpus}
-        steps.append(PlanStep(name, settings, per_gpu, 0, per_gpu <= budget,
-                              cost + (f"; split over {n_gpus} GPUs (tensor parallel)" if n_gpus > 1 else "")))
-        if per_gpu <= budget:
-            return Plan(True, steps[-1], steps[-1], steps, None, inputs)
+        fit = serving_fit(cfg, mem, batch_size=b, seq_len=s, cuda_context_bytes=res, fragmentation=frag,
+                          tensor_parallel=tp, pipeline_parallel=pp, weights=k["weights"], kv_dtype=k["kv_dtype"])
+        per_gpu = fit.weights_bytes + fit.kv_cache_bytes + fit.activation_bytes
+        settings = {**k, "batch_size": b, "seq_len": s, "num_gpus": n_gpus, "tensor_parallel": tp,
+                    "pipeline_parallel": pp}
+        steps.append(PlanStep(name, settings, per_gpu, 0, fit.fits,
+                              cost + "; prefill activations and the reserve counted" + (f"; {split}" if split else ""),
+                              reserve_bytes=fit.total_bytes - per_gpu))
+        if fit.fits:
+            return Plan(True, steps[-1], steps[-1], steps, None, inputs, notes)
     closest = steps[-1]
-    need = -(-closest.per_gpu_bytes * n_gpus // budget)
-    return Plan(False, None, closest, steps, need, inputs)
+    more = None
+    if search_gpus:
+        more = _min_gpus(lambda n: _plan_inference(cfg, n, mem, b, s, res, frag, inputs, False).fits, n_gpus)
+    return Plan(False, None, closest, steps, more, inputs, notes)

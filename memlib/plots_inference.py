@@ -39,7 +39,8 @@ def frontier_figure(model: str | Path | dict[str, Any] | ModelConfig, gpu_memory
     or under a point fits the GPU with that weight format, with the reserve of
     :func:`memlib.inference.serving_fit` (1 GiB CUDA context, the largest forward pass's activations, 5 %
     fragmentation). Axes are logarithmic (base 2); a format whose weights alone do not fit draws nothing and
-    says so in the legend.
+    says so in the legend. Context lengths above the model's maximum positions are left out, and the limit is
+    drawn as a dashed vertical line.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -48,7 +49,7 @@ def frontier_figure(model: str | Path | dict[str, Any] | ModelConfig, gpu_memory
         kv_dtype: KV-cache dtype for all lines.
         seq_lens: context lengths (x values).
         highlight: a format drawn thicker (the widget's choice).
-        point: a (seq_len, batch_size) to mark (e.g. the seed's (2048, 8)).
+        point: a (seq_len, batch_size) to mark (e.g. the Tips notes' (2048, 8)).
         prefill_tokens: see :func:`memlib.inference.serving_reserve`.
         title: figure title (default: model, GPU memory, KV dtype).
 
@@ -59,6 +60,7 @@ def frontier_figure(model: str | Path | dict[str, Any] | ModelConfig, gpu_memory
     cfg = load_config(model)
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     top = 1
+    seq_lens = [s for s in seq_lens if s <= cfg.max_positions]
     for fmt in formats:
         pts = batch_context_frontier(cfg, gpu_memory_bytes, seq_lens, weights=fmt, kv_dtype=kv_dtype,
                                      prefill_tokens=prefill_tokens)
@@ -74,6 +76,8 @@ def frontier_figure(model: str | Path | dict[str, Any] | ModelConfig, gpu_memory
     if point is not None:
         ax.plot([point[0]], [point[1]], marker="*", markersize=12, color="black", linestyle="none",
                 label=f"batch {point[1]} × {point[0]} tokens")
+    ax.axvline(cfg.max_positions, color="gray", linestyle="--", linewidth=1,
+               label=f"max positions ({cfg.max_positions:,})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_ylim(0.8, top * 1.6)

@@ -8,6 +8,7 @@ weights exist, so a 70B model traces in seconds on a laptop. torch and transform
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from .categories import MemCategory
-from .configs import ModelConfig, load_config
+from .configs import ModelConfig, check_seq_len, load_config
 from .errors import MemlibError, check_choice, check_positive, require_torch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -506,6 +507,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     cfg = load_config(model)
     batch_size = check_positive("batch_size", batch_size)
     seq_len = check_positive("seq_len", seq_len)
+    limits = dataclasses.replace(load_config({**cfg.raw, **overrides}), name=cfg.name) if overrides else cfg
+    check_seq_len(limits, seq_len)  # transformers would fail on longer inputs (GPT-2: IndexError)
     check_choice("precision", precision, TRACE_PRECISIONS)
     check_choice("optimizer", optimizer, TRACE_OPTIMIZERS)
     check_choice("attention", attention, ("eager", "sdpa"))

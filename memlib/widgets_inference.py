@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configs import shipped_models
+from .configs import load_config, shipped_models
 from .dtypes import GiB, WEIGHT_FORMATS
 from .estimate import KV_DTYPES
 from .inference import max_batch_size, max_seq_len
@@ -28,12 +28,19 @@ def inference_view(model: str = "llama-7b", gpu_memory_gib: float = 24.0, weight
         ``({"max_batch": …, "max_seq_len": …}, figure, verdict)``.
     """
     gpu = int(gpu_memory_gib * GiB)
-    limits = {"max_batch": max_batch_size(model, gpu, seq_len=seq_len, weights=weights, kv_dtype=kv_dtype),
+    limit = load_config(model).max_positions
+    too_long = seq_len > limit
+    limits = {"max_batch": 0 if too_long else max_batch_size(model, gpu, seq_len=seq_len, weights=weights,
+                                                             kv_dtype=kv_dtype),
               "max_seq_len": max_seq_len(model, gpu, batch_size=batch_size, weights=weights, kv_dtype=kv_dtype)}
-    fig = frontier_figure(model, gpu, kv_dtype=kv_dtype, highlight=weights, point=(seq_len, batch_size),
+    fig = frontier_figure(model, gpu, kv_dtype=kv_dtype, highlight=weights,
+                          point=None if too_long else (seq_len, batch_size),
                           formats=("fp16", "int8", "int4", "nf4") if weights in ("fp16", "int8", "int4", "nf4")
                           else (weights, "fp16", "int8", "int4", "nf4"))
-    if limits["max_batch"] == 0 and limits["max_seq_len"] == 0:
+    if too_long:
+        verdict = (f"{model} takes at most {limit:,} tokens per sequence (its maximum positions), not {seq_len:,}; "
+                   f"at batch {batch_size} the longest context that fits is {limits['max_seq_len']} tokens")
+    elif limits["max_batch"] == 0 and limits["max_seq_len"] == 0:
         verdict = f"{model} with {weights} weights does not fit in {gpu_memory_gib:g} GiB at all"
     else:
         verdict = (f"{model}, {weights} weights, {kv_dtype} KV on {gpu_memory_gib:g} GiB: "

@@ -4,17 +4,22 @@ from __future__ import annotations
 from typing import Any
 
 from .configs import shipped_models
-from .dtypes import GB
+from .dtypes import GiB
+from .errors import MemlibError
 from .plan import JOBS, Plan, plan
 from .plots_plan import ladder_figure
 
 __all__ = ["plan_view", "plan_widget"]
 
 
-def plan_view(model: str = "llama-2-7b", job: str = "train", num_gpus: int = 8, gpu_memory_gb: float = 80.0,
+def plan_view(model: str = "llama-2-7b", job: str = "train", num_gpus: int = 8, gpu_memory_gib: float = 80.0,
               batch_size: int = 4, seq_len: int = 2048) -> tuple[Plan, Any, str]:
-    """The widget's callback: the plan, its ladder figure and a one-line verdict. Chapter 13."""
-    result = plan(model, job=job, num_gpus=num_gpus, gpu_memory=int(gpu_memory_gb * GB), batch_size=batch_size,
+    """The widget's callback: the plan, its ladder figure and a one-line verdict. Chapter 13.
+
+    ``gpu_memory_gib`` is binary (GiB): an "80 GB" H100 has 80 GiB. Raises :class:`MemlibError` on bad input,
+    e.g. a sequence longer than the model's positions (the widget prints the message).
+    """
+    result = plan(model, job=job, num_gpus=num_gpus, gpu_memory=int(gpu_memory_gib * GiB), batch_size=batch_size,
                   seq_len=seq_len)
     fig = ladder_figure(result)
     if result.fits:
@@ -22,10 +27,12 @@ def plan_view(model: str = "llama-2-7b", job: str = "train", num_gpus: int = 8, 
         assert ch is not None  # plan() sets chosen whenever fits is True
         rungs = [s.technique for s in result.steps if s.needed or s.technique in ("bf16 mixed precision",
                                                                                    "FlashAttention")]
-        verdict = (f"fits: {ch.per_gpu_bytes / GB:.1f} GB per GPU with " + " + ".join(rungs or ["nothing"]))
+        verdict = (f"fits: {ch.total_bytes / GiB:.1f} GiB per GPU with the reserve, with "
+                   + " + ".join(rungs or ["nothing"]))
     else:
-        verdict = (f"does not fit: closest {result.closest.technique} at {result.closest.per_gpu_bytes / GB:.1f} GB"
-                   + (f"; needs {result.min_gpus} GPUs" if result.min_gpus else ""))
+        verdict = (f"does not fit: closest {result.closest.technique} at {result.closest.total_bytes / GiB:.1f} GiB "
+                   "with the reserve" + (f"; needs {result.min_gpus} GPUs" if result.min_gpus else ""))
+    verdict += "".join(f"; {n}" for n in result.notes)
     return result, fig, verdict
 
 
@@ -37,8 +44,12 @@ def plan_widget() -> Any:
     except ImportError:  # pragma: no cover
         raise ImportError("the widget needs ipywidgets and matplotlib: pip install ipywidgets matplotlib") from None
 
-    def show(model: str, job: str, num_gpus: int, gpu_memory_gb: float, batch_size: int, seq_len: int) -> None:
-        _, fig, verdict = plan_view(model, job, num_gpus, gpu_memory_gb, batch_size, seq_len)
+    def show(model: str, job: str, num_gpus: int, gpu_memory_gib: float, batch_size: int, seq_len: int) -> None:
+        try:
+            _, fig, verdict = plan_view(model, job, num_gpus, gpu_memory_gib, batch_size, seq_len)
+        except MemlibError as e:
+            print(f"refused: {e}")
+            return
         plt.show()
         print(verdict)
         plt.close(fig)
@@ -48,7 +59,7 @@ def plan_widget() -> Any:
         model=w.Dropdown(options=shipped_models(), value="llama-2-7b"),
         job=w.Dropdown(options=list(JOBS), value="train"),
         num_gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=8),
-        gpu_memory_gb=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
+        gpu_memory_gib=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
         batch_size=w.Dropdown(options=[1, 2, 4, 8, 16], value=4),
         seq_len=w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=2048),
     )

@@ -1,11 +1,11 @@
-"""The estimator: ZeRO paper's Table 1, the seeds' examples, invariants (hypothesis), bad input."""
+"""The estimator: ZeRO paper's Table 1, the examples of the two source notes, invariants (hypothesis), bad input."""
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib import GB, MemlibError
+from memlib import GB, MemlibError, load_config
 from memlib.estimate import (
     OPTIMIZERS,
     PRECISIONS,
@@ -53,25 +53,25 @@ def test_sixteen_bytes_per_param_and_adam_vs_sgd() -> None:
     assert sum(state_bytes_per_param("fp32", "adamw")) == 16
     assert state_bytes_per_param("bf16-mixed", "sgd") == (2, 2, 4)
     assert state_bytes_per_param("bf16", "adamw") == (2, 2, 4)
-    # seed 000 §八: Adam's optimizer states (master + m + v) are 12Φ, three times... the 4Φ of fp32 weights
+    # the Tips notes §八: Adam's optimizer states (master + m + v) are 12Φ, three times... the 4Φ of fp32 weights
     assert state_bytes_per_param("bf16-mixed", "adamw")[2] == 3 * 4
 
 
-def test_seed_llama7b_model_states() -> None:
+def test_tips_notes_llama7b_model_states() -> None:
     est = estimate_training(params=7_000_000_000)
-    assert est.total_bytes == 112 * GB  # seed 000 §一: 16 × 7e9 ≈ 112 GB
+    assert est.total_bytes == 112 * GB  # the Tips notes §一: 16 × 7e9 ≈ 112 GB
 
 
-def test_seed_llama7b_kv_cache() -> None:
+def test_tips_notes_llama7b_kv_cache() -> None:
     est = estimate_inference("llama-7b", batch_size=8, seq_len=2048, weights="fp16")
     assert est.kv_cache_bytes == 2 * 32 * 32 * 128 * 2048 * 8 * 2 == 8_589_934_592  # "≈ 8.6 GB"
-    assert round(est.weights_bytes / GB, 1) == 13.5  # the seed's "14 GB"
+    assert round(est.weights_bytes / GB, 1) == 13.5  # the Tips notes' "14 GB"
     gqa = estimate_inference("llama-3-8b", batch_size=8, seq_len=2048)
     assert gqa.kv_cache_bytes * 4 == est.kv_cache_bytes  # 8 KV heads instead of 32
 
 
 def test_rules_of_thumb() -> None:
-    # seed 004: fp16 inference of an nB model ≈ 2n GB; mixed-precision Adam training ≈ 16n GB of states.
+    # the Strategies notes: fp16 inference of an nB model ≈ 2n GB; mixed-precision Adam training ≈ 16n GB of states.
     for n in (1, 7, 70):
         assert estimate_training(params=n * 10**9).total_bytes == 16 * n * GB
     assert abs(estimate_inference("llama-2-7b", batch_size=1, seq_len=1).weights_bytes / GB - 2 * 6.74) < 0.01
@@ -130,9 +130,39 @@ def test_bad_training_input(kwargs: dict, message: str) -> None:
 
 def test_bad_inference_input() -> None:
     with pytest.raises(MemlibError, match="unknown weight format 'int3'; expected one of: fp32, fp16, bf16, int8, int4, nf4"):
-        estimate_inference("gpt2", weights="int3")
+        estimate_inference("gpt2", seq_len=1024, weights="int3")
     with pytest.raises(MemlibError, match="unknown kv dtype 'int2'"):
-        estimate_inference("gpt2", kv_dtype="int2")
+        estimate_inference("gpt2", seq_len=1024, kv_dtype="int2")
+
+
+@pytest.mark.parametrize("model, seq, limit", [("gpt2", 1025, "1,024"), ("gpt2-xl", 2048, "1,024"),
+                                               ("llama-7b", 4096, "2,048"), ("llama-2-7b", 4097, "4,096")])
+def test_sequences_longer_than_the_model_are_refused(model: str, seq: int, limit: str) -> None:
+    # transformers fails on such inputs (GPT-2's position table: IndexError); memlib names the limit
+    for call in (lambda: estimate_training(model, seq_len=seq), lambda: estimate_inference(model, seq_len=seq),
+                 lambda: activation_terms(model, seq_len=seq)):
+        with pytest.raises(MemlibError, match=f"exceeds {model}'s maximum of {limit} positions"):
+            call()
+    estimate_training(model, seq_len=seq - 1 if seq % 2 else seq // 2)  # at or under the limit: fine
+
+
+def test_rope_scaling_states_a_longer_limit() -> None:
+    raw = dict(load_config("llama-2-7b").raw)
+    assert load_config(raw).max_positions == 4096
+    assert load_config({**raw, "rope_scaling": {"type": "linear", "factor": 2.0}}).max_positions == 8192
+    assert load_config({**raw, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}).max_positions == 16384
+    llama31 = {**raw, "max_position_embeddings": 131072,
+               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}
+    assert load_config(llama31).max_positions == 131072
+    yarn = {**raw, "max_position_embeddings": 32768,
+            "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    assert load_config(yarn).max_positions == 131072
+    assert load_config({**raw, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}).max_positions == 4096
+    estimate_inference({**raw, "rope_scaling": {"type": "linear", "factor": 2.0}}, seq_len=8192)
+    with pytest.raises(MemlibError, match=r"maximum of 8,192 positions \(max_position_embeddings 4,096 with rope"):
+        estimate_inference({**raw, "rope_scaling": {"type": "linear", "factor": 2.0}}, seq_len=8193)
+    with pytest.raises(MemlibError, match="rope scaling factor must be a number ≥ 1"):
+        load_config({**raw, "rope_scaling": {"type": "linear", "factor": "2"}})
 
 
 models = st.sampled_from(["gpt2", "gpt2-medium", "llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2-0.5b", "gemma-2b"])
@@ -143,6 +173,7 @@ models = st.sampled_from(["gpt2", "gpt2-medium", "llama-2-7b", "llama-3-8b", "mi
        stage=st.integers(0, 3), gpus=st.integers(1, 512), batch=st.integers(1, 16), seq=st.integers(1, 8192),
        attention=st.sampled_from(["eager", "sdpa"]))
 def test_more_gpus_never_raise_memory(model, precision, optimizer, stage, gpus, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
+    seq = min(seq, load_config(model).max_positions)
     kw = dict(precision=precision, optimizer=optimizer, zero_stage=stage, batch_size=batch, seq_len=seq, attention=attention)
     fewer = estimate_training(model, num_gpus=gpus, **kw)
     more = estimate_training(model, num_gpus=gpus + 1, **kw)
@@ -154,6 +185,7 @@ def test_more_gpus_never_raise_memory(model, precision, optimizer, stage, gpus, 
 @given(model=models, precision=st.sampled_from(PRECISIONS), batch=st.integers(1, 16), seq=st.integers(1, 8192),
        attention=st.sampled_from(["eager", "sdpa"]))
 def test_recomputation_never_raises_activations(model, precision, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
+    seq = min(seq, load_config(model).max_positions)
     acts = [estimate_training(model, recompute=r, precision=precision, batch_size=batch, seq_len=seq,
                               attention=attention).activations_bytes for r in ("none", "selective", "full")]
     assert acts[0] >= acts[1] >= acts[2]
@@ -163,6 +195,7 @@ def test_recomputation_never_raises_activations(model, precision, batch, seq, at
 @given(model=models, batch=st.integers(1, 64), seq=st.integers(1, 32768),
        kv=st.sampled_from(["fp32", "fp16", "bf16", "fp8"]))
 def test_quantized_weights_never_exceed_unquantized(model, batch, seq, kv) -> None:  # type: ignore[no-untyped-def]
+    seq = min(seq, load_config(model).max_positions)
     sizes = {w: estimate_inference(model, batch_size=batch, seq_len=seq, weights=w, kv_dtype=kv).weights_bytes
              for w in ("fp32", "fp16", "bf16", "int8", "int4", "nf4")}
     assert sizes["fp32"] > sizes["fp16"] == sizes["bf16"] > sizes["int8"] > sizes["int4"] > sizes["nf4"]
@@ -171,6 +204,7 @@ def test_quantized_weights_never_exceed_unquantized(model, batch, seq, kv) -> No
 @settings(max_examples=40, deadline=None)
 @given(model=models, batch=st.integers(1, 8), seq=st.integers(1, 4096))
 def test_memory_grows_with_batch_and_seq(model, batch, seq) -> None:  # type: ignore[no-untyped-def]
+    seq = min(seq, load_config(model).max_positions - 1)
     base = estimate_training(model, batch_size=batch, seq_len=seq)
     assert estimate_training(model, batch_size=batch + 1, seq_len=seq).total_bytes >= base.total_bytes
     assert estimate_training(model, batch_size=batch, seq_len=seq + 1).total_bytes >= base.total_bytes

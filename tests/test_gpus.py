@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from memlib.errors import MemlibError
 from memlib.gpus import GPUS, get_gpu, gpu_names, match_gpu
 
-EXPECTED = {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "h100-sxm", "h100-pcie",
-            "h200"}
+EXPECTED = {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "l40s", "h100-sxm",
+            "h100-pcie", "h200"}
 
 
 def test_table_has_the_issue_gpus_with_sources() -> None:
@@ -29,10 +29,11 @@ def test_dense_is_half_the_sparse_figure_printed() -> None:
 def test_known_numbers() -> None:
     a100 = get_gpu("A100")
     assert a100.peak_flops("bf16") == 312e12
-    assert a100.memory_gb == 80 and a100.bandwidth_gb_s == 2039
+    assert a100.memory_gib == 80 and a100.bandwidth_gb_s == 2039
+    assert a100.memory_bytes == 80 * 2**30 and round(a100.memory_gb, 1) == 85.9
     assert get_gpu("a100-40gb").bandwidth_gb_s == 1555
     assert get_gpu("h100").peak_flops() == pytest.approx(989.5e12)
-    assert get_gpu("h200").memory_bytes == 141 * 10**9
+    assert get_gpu("h200").memory_bytes == 141 * 2**30
     assert get_gpu("h200").peak_flops() == get_gpu("h100-sxm").peak_flops()
     assert get_gpu("h200").ridge_point() < get_gpu("h100-sxm").ridge_point()
     assert get_gpu("a100-80gb").ridge_point() == pytest.approx(312 / 2.039)
@@ -56,7 +57,7 @@ def test_unknown_names_list_the_choices() -> None:
     ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
     ("NVIDIA A100-PCIE-40GB", "a100-40gb"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
     ("NVIDIA H200", "h200"), ("Tesla V100-SXM2-32GB", "v100"), ("Tesla T4", "t4"), ("NVIDIA L4", "l4"),
-    ("NVIDIA A10", "a10"), ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA GeForce RTX 3090", "rtx-3090"),
+    ("NVIDIA A10", "a10"), ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA GeForce RTX 3090", "rtx-3090"),
 ])
 def test_match_device_names(device_name: str, expected: str) -> None:
     spec = match_gpu(device_name)
@@ -70,3 +71,17 @@ def test_match_unknown_is_none() -> None:
 @given(st.sampled_from(sorted(EXPECTED)))
 def test_lookup_roundtrip(name: str) -> None:
     assert get_gpu(name.upper()).name == name
+
+
+def test_capacities_are_binary_and_one_table() -> None:
+    # DRAM chips and HBM stacks come in powers of two: the datasheet's "24 GB" is 24 GiB (nvidia-smi: 24,576 MiB
+    # on a 3090), "80 GB" is 80 GiB; memlib.inference.GPU_MEMORY is this table, not a second one.
+    from memlib.inference import GPU_MEMORY
+
+    for name in ("rtx-3090", "rtx-4090", "a10", "l4"):
+        assert get_gpu(name).memory_bytes == 24 * 2**30
+    for name in ("a100-80gb", "h100-sxm", "h100-pcie"):
+        assert get_gpu(name).memory_bytes == 80 * 2**30
+    assert get_gpu("t4").memory_bytes == 16 * 2**30 and get_gpu("v100").memory_bytes == 32 * 2**30
+    assert get_gpu("l40s").memory_bytes == 48 * 2**30 and get_gpu("a100-40gb").memory_bytes == 40 * 2**30
+    assert GPU_MEMORY == {name: g.memory_bytes for name, g in GPUS.items()}

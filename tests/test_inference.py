@@ -18,6 +18,7 @@ from memlib.inference import (
     max_batch_size,
     max_seq_len,
     paged_kv_tokens,
+    reserve_bytes,
     serving_fit,
 )
 
@@ -27,8 +28,8 @@ QUANTIZED = ["int8", "int4", "nf4"]
 
 # --- KV cache per token -------------------------------------------------------------------------------------
 
-def test_kv_per_token_seed_example() -> None:
-    # LLaMA-7B: 2 × 32 layers × 32 heads × 128 × 2 bytes = 0.5 MiB per token; × 2048 × 8 = the seed's 8.6 GB
+def test_kv_per_token_tips_notes_example() -> None:
+    # LLaMA-7B: 2 × 32 layers × 32 heads × 128 × 2 bytes = 0.5 MiB per token; × 2048 × 8 = the Tips notes' 8.6 GB
     assert kv_bytes_per_token("llama-7b") == 2 * 32 * 32 * 128 * 2 == 2**19
     est = estimate_inference("llama-7b", batch_size=8, seq_len=2048)
     assert est.kv_cache_bytes == kv_bytes_per_token("llama-7b") * 2048 * 8
@@ -70,9 +71,9 @@ def test_gqa_never_increases_kv(model: str, dtype: str, groups_exp: int) -> None
 
 # --- serving fit -------------------------------------------------------------------------------------------
 
-def test_seed_example_on_the_edge_of_24_gib() -> None:
-    """Seed 000 §一: LLaMA-7B fp16, batch 8 × 2048 on a 24 GiB card (RTX 3090 = RTX 4090 = 25.77 GB)."""
-    assert GPU_MEMORY["RTX 3090 (24 GiB)"] == GPU_MEMORY["RTX 4090 (24 GiB)"] == 24 * GiB
+def test_tips_notes_example_on_the_edge_of_24_gib() -> None:
+    """The Tips notes §一: LLaMA-7B fp16, batch 8 × 2048 on a 24 GiB card (RTX 3090 = RTX 4090 = 25.77 GB)."""
+    assert GPU_MEMORY["rtx-3090"] == GPU_MEMORY["rtx-4090"] == 24 * GiB
     whole = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048)  # all 16384 prompt tokens in one pass
     assert whole.total_bytes == (whole.weights_bytes + whole.kv_cache_bytes + whole.activation_bytes
                                  + whole.fragmentation_bytes + whole.cuda_context_bytes)
@@ -82,7 +83,7 @@ def test_seed_example_on_the_edge_of_24_gib() -> None:
     chunked = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048, prefill_tokens=2048)
     assert chunked.fits and 1 * GB < chunked.headroom_bytes < 1.5 * GB
     assert max_batch_size("llama-7b", 24 * GiB, seq_len=2048, prefill_tokens=2048) == 9
-    # the weights + KV of the seed: 13.48 + 8.59 GB
+    # the weights + KV of the Tips notes' example: 13.48 + 8.59 GB
     assert (round(whole.weights_bytes / GB, 2), round(whole.kv_cache_bytes / GB, 2)) == (13.48, 8.59)
 
 
@@ -126,7 +127,7 @@ def test_frontier_monotone_in_context() -> None:
        chunk=st.sampled_from([None, 2048]))
 def test_more_memory_never_lowers_max_batch(model: str, mem_gib: int, extra_gib: int, seq_len: int,
                                             weights: str, chunk: int | None) -> None:
-    kw = dict(seq_len=seq_len, weights=weights, prefill_tokens=chunk)
+    kw = dict(seq_len=min(seq_len, load_config(model).max_positions), weights=weights, prefill_tokens=chunk)
     assert max_batch_size(model, (mem_gib + extra_gib) * GiB, **kw) >= max_batch_size(model, mem_gib * GiB, **kw)
 
 
@@ -136,6 +137,7 @@ def test_more_memory_never_lowers_max_batch(model: str, mem_gib: int, extra_gib:
        kv=st.sampled_from(["fp16", "fp8"]))
 def test_quantized_never_exceeds_unquantized(model: str, mem_gib: int, seq_len: int, fmt: str, ref: str,
                                              kv: str) -> None:
+    seq_len = min(seq_len, load_config(model).max_positions)
     q = serving_fit(model, mem_gib * GiB, seq_len=seq_len, weights=fmt, kv_dtype=kv)
     u = serving_fit(model, mem_gib * GiB, seq_len=seq_len, weights=ref, kv_dtype=kv)
     assert q.weights_bytes <= u.weights_bytes and q.total_bytes <= u.total_bytes
@@ -197,14 +199,17 @@ def test_frontier_figure_and_widget_callback() -> None:
     from memlib.plots_inference import frontier_figure, serving_breakdown_figure
     from memlib.widgets_inference import inference_view
 
-    fig = frontier_figure("llama-7b", 24 * GiB, seq_lens=[1024, 2048, 4096], point=(2048, 8))
+    fig = frontier_figure("llama-2-7b", 24 * GiB, seq_lens=[1024, 2048, 4096, 8192], point=(2048, 8))
     ax = fig.axes[0]
     fp16 = next(line for line in ax.get_lines() if line.get_label() == "fp16 weights")
-    assert list(fp16.get_ydata()) == [max_batch_size("llama-7b", 24 * GiB, seq_len=s) for s in (1024, 2048, 4096)]
+    assert list(fp16.get_xdata()) == [1024, 2048, 4096]  # 8192 is past Llama-2's 4,096 positions: left out
+    assert list(fp16.get_ydata()) == [max_batch_size("llama-2-7b", 24 * GiB, seq_len=s) for s in (1024, 2048, 4096)]
     assert list(fp16.get_ydata()) == [15, 7, 3]
+    assert any(line.get_label() == "max positions (4,096)" for line in ax.get_lines())
     plt.close(fig)
     fig = frontier_figure("llama-2-70b", 24 * GiB, formats=("fp16",), seq_lens=[2048])
-    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["fp16 weights: do not fit"]
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["fp16 weights: do not fit",
+                                                                           "max positions (4,096)"]
     plt.close(fig)
     fit = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048)
     fig = serving_breakdown_figure([fit], ["fp16"])
@@ -217,6 +222,9 @@ def test_frontier_figure_and_widget_callback() -> None:
     plt.close(fig)
     with pytest.raises(MemlibError, match="unknown weight format"):
         inference_view("llama-7b", 24.0, "int3")
+    limits, fig, verdict = inference_view("llama-7b", 24.0, "nf4", "fp8", 4096, 8)  # past LLaMA-1's 2,048
+    assert limits["max_batch"] == 0 and "takes at most 2,048 tokens per sequence" in verdict
+    plt.close(fig)
 
 
 # --- measurements on CPU (torch, transformers, bitsandbytes) ------------------------------------------------
@@ -274,3 +282,22 @@ def test_activation_formula_vs_trace(model: str, batch: int, seq: int) -> None:
         assert 0 <= est / traced - 1 < 0.05
     else:
         assert abs(est / traced - 1) < 0.02
+
+
+def test_sequence_limit_and_tensor_parallel() -> None:
+    # memory would allow far more than 2,048 tokens of LLaMA-1 with int4 weights; the model allows 2,048
+    assert max_seq_len("llama-7b", 80 * GiB, weights="nf4") == 2048
+    with pytest.raises(MemlibError, match="seq_len 4,096 exceeds llama-7b's maximum of 2,048 positions"):
+        serving_fit("llama-7b", 80 * GiB, seq_len=4096)
+    with pytest.raises(MemlibError, match="exceeds llama-7b's maximum"):
+        batch_context_frontier("llama-7b", 80 * GiB, [4096])
+    one = serving_fit("llama-2-70b", 80 * GiB, batch_size=4, seq_len=4096)
+    four = serving_fit("llama-2-70b", 80 * GiB, batch_size=4, seq_len=4096, tensor_parallel=4)
+    assert four.weights_bytes == -(-one.weights_bytes // 4) and four.kv_cache_bytes == one.kv_cache_bytes // 4
+    sixteen = serving_fit("llama-2-70b", 80 * GiB, batch_size=4, seq_len=4096, tensor_parallel=16)
+    assert sixteen.kv_cache_bytes == one.kv_cache_bytes // 8  # 8 KV heads: replicated beyond 8 GPUs
+    pp = serving_fit("llama-2-70b", 80 * GiB, batch_size=4, seq_len=4096, pipeline_parallel=3)
+    assert pp.kv_cache_bytes == -(-one.kv_cache_bytes * 27 // 80)  # ceil(80 / 3) = 27 layers on a stage
+    with pytest.raises(MemlibError, match="tensor_parallel 3 does not divide"):
+        serving_fit("llama-2-70b", 80 * GiB, tensor_parallel=3)
+    assert reserve_bytes(100 * GiB) == GiB + 5 * GiB
