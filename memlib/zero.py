@@ -26,7 +26,9 @@ __all__ = [
     "Table1Cell",
     "zero_states",
     "zero_formula",
-    "seed_zero2_bytes",
+    "tips_notes_zero2_bytes",
+    "deepspeed_zero2_offload_host_bytes",
+    "zero2_offload_host_bytes",
     "comm_volume",
     "paper_round",
     "table1",
@@ -144,10 +146,10 @@ def zero_formula(stage: int, k: int = 12) -> str:
     return {0: f"{4 + k}Ψ", 1: f"4Ψ + {k}Ψ/N", 2: f"2Ψ + {2 + k}Ψ/N", 3: f"{4 + k}Ψ/N"}[stage]
 
 
-def seed_zero2_bytes(params: int, num_gpus: int) -> int:
-    """Seed 000's ZeRO-2 formula, 4Φ + 14Φ/N (it counts the full 2Φ of 16-bit gradients *and* their shard).
+def tips_notes_zero2_bytes(params: int, num_gpus: int) -> int:
+    """The Tips notes' ZeRO-2 formula, 4Ψ + 14Ψ/N (it counts the full 2Ψ of 16-bit gradients *and* their shard).
 
-    Introduced in Chapter 6 for the erratum; the paper's (and :func:`zero_states`') is 2Φ + 14Φ/N.
+    Introduced in Chapter 6 for the erratum; the paper's (and :func:`zero_states`') is 2Ψ + 14Ψ/N.
     """
     p = check_positive("params", params)
     n = check_positive("num_gpus", num_gpus)
@@ -226,6 +228,53 @@ def deepspeed_zero2_bytes(params: int, num_gpus: int) -> int:
     p = check_positive("params", params)
     n = check_positive("num_gpus", num_gpus)
     return 2 * p + int(18 * p / n)
+
+
+def deepspeed_zero2_offload_host_bytes(params: int, num_gpus_per_node: int, num_nodes: int = 1,
+                                        buffer_factor: float = 1.5) -> int:
+    """DeepSpeed's ZeRO-2 host estimate with ``offload_optimizer``, restated: Ψ·max(4·N, 16)·1.5 (Chapter 6).
+
+    ``estimate_zero2_model_states_mem_needs`` in ``deepspeed/runtime/zero/stage_1_and_2.py`` (DeepSpeed 0.19.8)
+    computes ``cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor`` with
+    ``total_gpus = num_nodes * num_gpus_per_node`` and reports it "per CPU", i.e. per node. Known quirk, kept
+    here as DeepSpeed has it: the figure grows with the GPUs of *all* nodes (256Ψ per node at 8 × 8), while the
+    states a node's ranks offload shrink with them (:func:`zero2_offload_host_bytes`); the branch without
+    offload multiplies by the GPUs of one node only.
+
+    Args:
+        params: parameter count Ψ.
+        num_gpus_per_node: GPUs per node.
+        num_nodes: nodes.
+        buffer_factor: DeepSpeed's ``additional_buffer_factor``.
+
+    Returns:
+        Host bytes per node, as DeepSpeed's estimator reports them.
+    """
+    p = check_positive("params", params)
+    total_gpus = check_positive("num_gpus_per_node", num_gpus_per_node) * check_positive("num_nodes", num_nodes)
+    return int(p * max(4 * total_gpus, 16) * buffer_factor)
+
+
+def zero2_offload_host_bytes(params: int, num_gpus_per_node: int, num_nodes: int = 1) -> int:
+    """Host bytes per node that ZeRO-2 with ``offload_optimizer`` holds: the node's shards of 16Ψ (Chapter 6).
+
+    Each rank offloads its 1/N of the fp32 master weights, Adam's m and v and the fp32 gradients
+    (4 + 8 + 4 = 16 bytes per parameter), so a node of g GPUs holds 16Ψ·g/N; pinned staging buffers and
+    the fp32 copy each process loads while the model is built come on top. Compare
+    :func:`deepspeed_zero2_offload_host_bytes`.
+
+    Args:
+        params: parameter count Ψ.
+        num_gpus_per_node: GPUs per node.
+        num_nodes: nodes.
+
+    Returns:
+        Host bytes per node for the offloaded states.
+    """
+    p = check_positive("params", params)
+    g = check_positive("num_gpus_per_node", num_gpus_per_node)
+    n = g * check_positive("num_nodes", num_nodes)
+    return -(-16 * p * g // n)
 
 
 def deepspeed_zero3_bytes(params: int, num_gpus: int, largest_layer_params: int) -> int:

@@ -117,7 +117,7 @@ def test_time_model_by_hand() -> None:
     assert 2 * 10 * PSI / bw < 2 / 3 * compute  # the gradient copy hides under backward
     assert t.step_s == pytest.approx(compute + 10 * PSI / 4e9 + 2 * 10 * PSI / bw)
     assert t.overhead == pytest.approx(t.step_s / (compute + 28 * 10 * PSI / 0.8e12) - 1)
-    assert 0.25 < t.overhead < 0.35  # the seed's "~30 %" regime
+    assert 0.25 < t.overhead < 0.35  # the Tips notes' "~30 %" regime
 
 
 def test_time_model_modern_gpu_is_cpu_bound() -> None:
@@ -149,7 +149,7 @@ def test_time_bad_input() -> None:
         offload_step_time(PSI, 0, "optimizer")
 
 
-# ---- capacity: the seed's "10x larger model" --------------------------------------------------------------
+# ---- capacity: the Tips notes' "10x larger model" --------------------------------------------------------
 
 def test_max_params_v100() -> None:
     """32 GB V100 with 8 GB for activations etc.: 1.5B without offload (the paper's PyTorch limit is 1.4B)."""

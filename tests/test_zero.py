@@ -17,7 +17,9 @@ from memlib.zero import (
     deepspeed_zero3_bytes,
     fsdp_peak_bytes,
     paper_round,
-    seed_zero2_bytes,
+    tips_notes_zero2_bytes,
+    deepspeed_zero2_offload_host_bytes,
+    zero2_offload_host_bytes,
     table1,
     zero_formula,
     zero_states,
@@ -64,14 +66,14 @@ def test_comm_volume_section7() -> None:
     assert comm_volume(3, psi) / comm_volume(0, psi) == 1.5
 
 
-def test_seed_erratum_zero2() -> None:
+def test_tips_notes_erratum_zero2() -> None:
     psi = 7_500_000_000
     for n in (1, 4, 64):
         paper = zero_states(psi, 2, n).total_bytes
-        seed = seed_zero2_bytes(psi, n)
-        assert seed - paper == 2 * psi  # the seed adds the full 16-bit gradients back
-        assert seed >= zero_states(psi, 1, n).total_bytes  # ...making ZeRO-2 no better than ZeRO-1
-    assert round(seed_zero2_bytes(psi, 64) / GB, 1) == 31.6
+        notes = tips_notes_zero2_bytes(psi, n)
+        assert notes - paper == 2 * psi  # the Tips notes add the full 16-bit gradients back
+        assert notes >= zero_states(psi, 1, n).total_bytes  # ...making ZeRO-2 no better than ZeRO-1
+    assert round(tips_notes_zero2_bytes(psi, 64) / GB, 1) == 31.6
 
 
 def test_deepspeed_formulas_vs_paper() -> None:
@@ -117,3 +119,27 @@ def test_bad_input() -> None:
         paper_round(0)
     with pytest.raises(MemlibError, match="at least one"):
         fsdp_peak_bytes([], 0, 2, reshard_after_forward=True)
+
+
+def test_deepspeed_zero2_offload_host_quirk() -> None:
+    psi = 7_500_000_000
+    # one GPU: max(4, 16) = 16 bytes per parameter, x1.5 -- the states do move to the host
+    assert deepspeed_zero2_offload_host_bytes(psi, 1) == int(16 * psi * 1.5)
+    assert zero2_offload_host_bytes(psi, 1) == 16 * psi
+    # 8 nodes x 8 GPUs: DeepSpeed multiplies by all 64 GPUs (256 psi per node), the node holds 16 psi / 8
+    assert deepspeed_zero2_offload_host_bytes(psi, 8, 8) == int(256 * psi * 1.5)
+    assert zero2_offload_host_bytes(psi, 8, 8) == 2 * psi
+    # more nodes: DeepSpeed's per-node figure grows, the real one shrinks
+    assert deepspeed_zero2_offload_host_bytes(psi, 8, 16) > deepspeed_zero2_offload_host_bytes(psi, 8, 8)
+    assert zero2_offload_host_bytes(psi, 8, 16) < zero2_offload_host_bytes(psi, 8, 8)
+
+
+def test_deepspeed_zero2_offload_host_matches_deepspeed() -> None:
+    from memlib.measure_offload import deepspeed_offload_estimators
+    try:
+        zero2, _ = deepspeed_offload_estimators()
+    except MemlibError:
+        pytest.skip("deepspeed not installed")
+    for gpus, nodes in ((1, 1), (8, 1), (8, 8)):
+        cpu, _ = zero2(7_500_000_000, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=True)
+        assert cpu == deepspeed_zero2_offload_host_bytes(7_500_000_000, gpus, nodes)
