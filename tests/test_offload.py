@@ -204,7 +204,7 @@ def test_offload_never_adds_gpu_bytes(n: int, gpus: int, stage: int) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(model=st.sampled_from(["gpt2", "llama-2-7b", "qwen2-0.5b"]), b=st.integers(1, 8),
-       s=st.sampled_from([128, 512, 2048]))
+       s=st.sampled_from([128, 512, 1024]))   # GPT-2 takes at most 1,024 positions
 def test_offload_never_adds_gpu_bytes_with_activations(model: str, b: int, s: int) -> None:
     kw = {"batch_size": b, "seq_len": s}
     for stage, mode in ((2, "optimizer"), (3, "params+optimizer")):
