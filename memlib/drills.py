@@ -35,6 +35,7 @@ from .estimate import (
     state_bytes_per_param,
 )
 from .flops import matmul_params, palm_flops
+from .inference import serving_fit
 from .params import count_params
 
 __all__ = [
@@ -159,6 +160,15 @@ def answer_numbers() -> dict[str, Number]:
     put("inf7_total", _gb(inf.total_bytes), "estimate_inference('llama-7b', batch_size=8, seq_len=2048).total_bytes")
     put("inf7_total_gib", _gib(inf.total_bytes),
         "estimate_inference('llama-7b', batch_size=8, seq_len=2048).total_bytes / 2**30")
+    fit = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048)
+    chunked = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048, prefill_tokens=2048)
+    put("serve7_total", _gb(fit.total_bytes),
+        "serving_fit('llama-7b', 24 * GiB, batch_size=8, seq_len=2048).total_bytes (weights, KV, prefill "
+        "activations, fragmentation, CUDA context)")
+    put("serve7_short", _gb(-fit.headroom_bytes, 2), "−serving_fit('llama-7b', 24 * GiB, batch_size=8, "
+        "seq_len=2048).headroom_bytes")
+    put("serve7_chunked", _gb(chunked.total_bytes), "serving_fit('llama-7b', 24 * GiB, batch_size=8, "
+        "seq_len=2048, prefill_tokens=2048).total_bytes")
     for fmt in ("int8", "int4", "nf4"):
         w = estimate_inference("llama-7b", weights=fmt).weights_bytes
         put(f"inf7_{fmt}", _gb(w), f"estimate_inference('llama-7b', weights='{fmt}').weights_bytes")
@@ -472,8 +482,8 @@ QUESTIONS: tuple[Question, ...] = (
        Weights {{inf7_w}} (2 bytes × {{p7}}); KV cache 2 × 32 layers × 32 heads × 128 × 2048 × 8 × 2 bytes =
        {{inf7_kv}}; total {{inf7_total}} = {{inf7_total_gib}}, before workspace and the CUDA context. On a 24 GiB
        card (an RTX 3090 as much as a 4090: both 24 GiB) it is on the edge: with the forward pass's activations,
-       the CUDA context and fragmentation, prefilling all 8 prompts at once needs ≈ 25.9 GB, 0.17 GB too much;
-       prefilling in 2048-token chunks fits (Chapter 11).""", text_zh=""),
+       the CUDA context and fragmentation, prefilling all 8 prompts at once needs {{serve7_total}}, {{serve7_short}}
+       too much; prefilling in 2048-token chunks ({{serve7_chunked}}) fits (Chapter 11).""", text_zh=""),
     _q("b01-2", 1, "M", "activations", "What do activations scale with, and how large are they for Llama-2-7B at "
        "batch 4 × 4096?", """
        Linearly with batch, sequence and layers (and hidden/MLP width); with eager attention also with
