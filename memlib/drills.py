@@ -183,12 +183,13 @@ def answer_numbers() -> dict[str, Number]:
     put("kv70", _gb(kv70, 2), "estimate_inference('llama-2-70b', batch_size=1, seq_len=4096).kv_cache_bytes")
     c70 = load_config("llama-2-70b")
     put("kv70_mha", _gb(kv70 * c70.num_heads // c70.num_kv_heads, 2), "the same with 64 KV heads (no GQA)")
-    # max batch, llama-2-13b fp16 on 80 GB at 4096 tokens
+    # max batch, llama-2-13b fp16 on an "80 GB" card (80 GiB) at 4096 tokens
     w13 = estimate_inference("llama-2-13b", batch_size=1, seq_len=4096)
     put("w13", _gb(w13.weights_bytes), "estimate_inference('llama-2-13b').weights_bytes")
     put("kv13_per_seq", _gb(w13.kv_cache_bytes, 2), "estimate_inference('llama-2-13b', seq_len=4096).kv_cache_bytes")
-    put("maxbatch13", str(int((80 * GB - w13.weights_bytes) // w13.kv_cache_bytes)),
-        "⌊(80 GB − weights) / KV per sequence⌋")
+    put("maxbatch13", str(int((80 * GiB - w13.weights_bytes) // w13.kv_cache_bytes)),
+        "⌊(80 GiB − weights) / KV per sequence⌋")
+    put("gpu80_gb", _gb(80 * GiB), "80 × 2**30 bytes: an \"80 GB\" GPU holds 80 GiB")
     # activations and recomputation, Llama-2-7B (LLaMA-7B's architecture, 4096 positions), batch 1 × 4096
     for rec in ("none", "selective", "full"):
         for att in ("sdpa", "eager"):
@@ -203,8 +204,8 @@ def answer_numbers() -> dict[str, Number]:
     p70 = count_params("llama-2-70b").params
     put("p70", f"{p70 / 1e9:.1f} B", "count_params('llama-2-70b').params")
     n70 = next(k for k in range(1, 4097) if estimate_training(params=p70, zero_stage=3, num_gpus=k).total_bytes
-               <= 80 * GB)
-    put("n70_z3", str(n70), "smallest num_gpus with estimate_training(params=Φ70, zero_stage=3) ≤ 80 GB")
+               <= 80 * GiB)
+    put("n70_z3", str(n70), "smallest num_gpus with estimate_training(params=Φ70, zero_stage=3) ≤ 80 GiB")
     put("states70_z3_16", _gb(estimate_training(params=p70, zero_stage=3, num_gpus=16).total_bytes),
         "estimate_training(params=Φ70, zero_stage=3, num_gpus=16)")
     # optimizers
@@ -597,7 +598,7 @@ QUESTIONS: tuple[Question, ...] = (
        text_zh=""),
     _q("b06-2", 6, "H", "ZeRO", "How many GPUs of 80 GB does Llama-2-70B need for its model states alone under "
        "ZeRO-3 with mixed-precision Adam?", """
-       Φ = {{p70}}, 16Φ/N ≤ 80 GB → N ≥ {{n70_z3}}. In practice 16 (2 nodes of 8): {{states70_z3_16}} per GPU, the
+       Φ = {{p70}}, 16Φ/N ≤ 80 GiB ({{gpu80_gb}}: GPU memory is binary) → N ≥ {{n70_z3}}. In practice 16 (2 nodes of 8): {{states70_z3_16}} per GPU, the
        rest for activations, gathered layers and buffers.""", text_zh=""),
     _q("b06-3", 6, "M", "ZeRO", "What does ZeRO not shard?", """
        Activations, temporary buffers and (in stage 3) the fully gathered parameters of the layer being computed.
@@ -689,7 +690,8 @@ QUESTIONS: tuple[Question, ...] = (
        PagedAttention avoids reserving the maximum length).""", text_zh=""),
     _q("b11-3", 11, "H", "capacity", "Llama-2-13B in fp16 on one 80 GB GPU: how many 4096-token sequences fit "
        "in the KV cache?", """
-       Weights {{w13}}, KV {{kv13_per_seq}} per 4096-token sequence → ⌊(80 GB − weights) / KV⌋ =
+       The card holds 80 GiB = {{gpu80_gb}}. Weights {{w13}}, KV {{kv13_per_seq}} per 4096-token sequence →
+       ⌊(80 GiB − weights) / KV⌋ =
        {{maxbatch13}}, before workspace and fragmentation (leave a few GB).""", text_zh=""),
     _q("b11-4", 11, "E", "weights", "How much memory do LLaMA-7B's weights take in INT8?", """
        {{inf7_int8}} — one byte per quantized weight, embeddings and norms kept in 16 bits — against {{inf7_w}}
@@ -1082,20 +1084,20 @@ def _zero_min_gpus(rng: random.Random, seed: int) -> Drill:
         optimizer = rng.choice(("adamw", "adamw", "adamw-8bit"))
         counts = [2**k for k in range(11)]
         fits = [n for n in counts if estimate_training(params=billions * 10**9, optimizer=optimizer,
-                                                       zero_stage=stage, num_gpus=n).total_bytes <= mem * GB]
+                                                       zero_stage=stage, num_gpus=n).total_bytes <= mem * GiB]
         if fits:
             break
     n = fits[0]
     q = (f"A {billions}B-parameter model, bf16 mixed precision, {_OPT_WORDS[optimizer]}, ZeRO stage {stage}. "
-         f"What is the smallest power-of-two number of {mem} GB GPUs on which the model states alone (no "
+         f"What is the smallest power-of-two number of {mem} GiB GPUs on which the model states alone (no "
          f"activations) fit?")
     per = estimate_training(params=billions * 10**9, optimizer=optimizer, zero_stage=stage, num_gpus=n).total_bytes
     prev = (f"; with {n // 2}: {_gb(estimate_training(params=billions * 10**9, optimizer=optimizer, zero_stage=stage, num_gpus=n // 2).total_bytes, 1)}"  # noqa: E501
             if n > 1 else "")
     how = (f"smallest n in 1, 2, 4, … with estimate_training(params={billions}e9, optimizer='{optimizer}', "
-           f"zero_stage={stage}, num_gpus=n).total_bytes ≤ {mem} GB: with {n}: {_gb(per, 1)}{prev}")
+           f"zero_stage={stage}, num_gpus=n).total_bytes ≤ {mem} GiB: with {n}: {_gb(per, 1)}{prev}")
     return Drill("zero_min_gpus", seed, q, float(n), "GPUs", 0.0, 0.5, "H", 6, how,
-                 {"params": billions * 10**9, "zero_stage": stage, "gpu_memory_gb": mem, "optimizer": optimizer})
+                 {"params": billions * 10**9, "zero_stage": stage, "gpu_memory_gib": mem, "optimizer": optimizer})
 
 
 @drill_kind("max_batch", 11, "most sequences whose weights + KV cache fit in one GPU")
@@ -1107,15 +1109,15 @@ def _max_batch(rng: random.Random, seed: int) -> Drill:
         s = rng.choice(_seq_lens(model, (2048, 4096, 8192)))
         mem = rng.choice((24, 40, 48, 80))
         one = estimate_inference(model, batch_size=1, seq_len=s, weights=weights, kv_dtype=kv)
-        if one.total_bytes <= mem * GB:
+        if one.total_bytes <= mem * GiB:
             break
-    n = (mem * GB - one.weights_bytes) // one.kv_cache_bytes
-    q = (f"{model} with {weights} weights and a {kv} KV cache on one {mem} GB (10⁹ bytes) GPU: how many "
+    n = (mem * GiB - one.weights_bytes) // one.kv_cache_bytes
+    q = (f"{model} with {weights} weights and a {kv} KV cache on one {mem} GiB GPU: how many "
          f"{s}-token sequences fit at once, counting only weights and KV cache?")
-    how = (f"⌊({mem} GB − weights {_gb(one.weights_bytes, 2)}) / KV per sequence {_gb(one.kv_cache_bytes, 3)}⌋ "
+    how = (f"⌊({mem} GiB = {_gb(mem * GiB, 2)} − weights {_gb(one.weights_bytes, 2)}) / KV per sequence {_gb(one.kv_cache_bytes, 3)}⌋ "
            f"(estimate_inference('{model}', seq_len={s}, weights='{weights}', kv_dtype='{kv}'))")
     return Drill("max_batch", seed, q, float(n), "sequences", 0.0, 0.5, "M", 11, how,
-                 {"model": model, "weights": weights, "kv_dtype": kv, "seq_len": s, "gpu_memory_gb": mem})
+                 {"model": model, "weights": weights, "kv_dtype": kv, "seq_len": s, "gpu_memory_gib": mem})
 
 
 @drill_kind("attention_matrix", 10, "size of one N×N attention matrix per head, per layer or per model")

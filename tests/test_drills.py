@@ -214,11 +214,11 @@ def test_drill_answers_come_from_memlib() -> None:
     n = int(z.answer)
     per = [estimate_training(params=z.settings["params"], optimizer=z.settings["optimizer"],
                              zero_stage=z.settings["zero_stage"], num_gpus=g).total_bytes for g in (n // 2, n)]
-    assert per[1] <= z.settings["gpu_memory_gb"] * GB and (n == 1 or per[0] > z.settings["gpu_memory_gb"] * GB)
+    assert per[1] <= z.settings["gpu_memory_gib"] * GiB and (n == 1 or per[0] > z.settings["gpu_memory_gib"] * GiB)
     m = generate("max_batch", 2)
     ms = m.settings
     fits = lambda b: estimate_inference(ms["model"], batch_size=b, seq_len=ms["seq_len"], weights=ms["weights"],  # noqa: E731
-                                        kv_dtype=ms["kv_dtype"]).total_bytes <= ms["gpu_memory_gb"] * GB
+                                        kv_dtype=ms["kv_dtype"]).total_bytes <= ms["gpu_memory_gib"] * GiB
     assert fits(int(m.answer)) and not fits(int(m.answer) + 1)
 
 
