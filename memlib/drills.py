@@ -205,9 +205,9 @@ def answer_numbers() -> dict[str, Number]:
     put("p70", f"{p70 / 1e9:.1f} B", "count_params('llama-2-70b').params")
     n70 = next(k for k in range(1, 4097) if estimate_training(params=p70, zero_stage=3, num_gpus=k).total_bytes
                <= 80 * GiB)
-    put("n70_z3", str(n70), "smallest num_gpus with estimate_training(params=Φ70, zero_stage=3) ≤ 80 GiB")
+    put("n70_z3", str(n70), "smallest num_gpus with estimate_training(params=Ψ70, zero_stage=3) ≤ 80 GiB")
     put("states70_z3_16", _gb(estimate_training(params=p70, zero_stage=3, num_gpus=16).total_bytes),
-        "estimate_training(params=Φ70, zero_stage=3, num_gpus=16)")
+        "estimate_training(params=Ψ70, zero_stage=3, num_gpus=16)")
     # optimizers
     o = estimate_training("llama-7b", optimizer="adamw").optimizer_bytes
     o8 = estimate_training("llama-7b", optimizer="adamw-8bit").optimizer_bytes
@@ -230,10 +230,10 @@ def answer_numbers() -> dict[str, Number]:
     put("bpp_adam", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw')):g}",
         "sum(state_bytes_per_param('bf16-mixed', 'adamw'))")
     # offloading (ZeRO-Offload: fp16 params on GPU; gradients, master weights and moments on CPU)
-    put("off7_gpu", _gb(2 * p7), "2Φ (16-bit weights), Φ = count_params('llama-7b').params")
+    put("off7_gpu", _gb(2 * p7), "2Ψ (16-bit weights), Ψ = count_params('llama-7b').params")
     put("off7_cpu", _gb(estimate_training(params=p7, offload="optimizer").cpu_bytes),
-        "estimate_training(params=Φ, offload='optimizer').cpu_bytes = 16Φ (fp32 master, m, v + fp32 gradients)")
-    put("off7_pcie", f"{2 * p7 / 25e9:.2f} s", "2Φ bytes each way (gradients down, weights up, both directions at "
+        "estimate_training(params=Ψ, offload='optimizer').cpu_bytes = 16Ψ (fp32 master, m, v + fp32 gradients)")
+    put("off7_pcie", f"{2 * p7 / 25e9:.2f} s", "2Ψ bytes each way (gradients down, weights up, both directions at "
         "once) / 25 GB/s per direction")
     # LoRA / QLoRA
     for tgt in ("attn", "all"):
@@ -245,7 +245,7 @@ def answer_numbers() -> dict[str, Number]:
     lp70 = _lora_params("llama-2-70b", 16, "all")
     put("lora70_all", f"{lp70 / 1e6:.0f} M", "r·(d_in + d_out) per linear layer of llama-2-70b, r = 16")
     put("lora70_states", _gb(16 * lp70, 1), "16 bytes × LoRA params (peft's fp32 adapter weight and grad, fp32 m, v)")
-    put("lora7_frozen", _gb(2 * p7), "2Φ: frozen bf16 base weights")
+    put("lora7_frozen", _gb(2 * p7), "2Ψ: frozen bf16 base weights")
     put("qlora65_w", _gb(65e9 * weight_bytes_per_param("nf4")), "65e9 × WEIGHT_FORMATS['nf4']")
     put("qlora70_w", _gb(estimate_inference("llama-2-70b", weights="nf4").weights_bytes),
         "estimate_inference('llama-2-70b', weights='nf4').weights_bytes")
@@ -359,7 +359,7 @@ QUESTIONS: tuple[Question, ...] = (
        "compute it?", """
        Add the five consumers. Model states with mixed-precision AdamW are 16 bytes per parameter: 2 (16-bit
        weights) + 2 (16-bit gradients) + 12 (fp32 master weights, m, v). LLaMA-7B has {{p7}} parameters, so
-       16Φ = {{states7}} (the Tips notes' 16 × 7e9 = {{states7_seed}} rounds Φ up). Then activations, which grow
+       16Ψ = {{states7}} (the Tips notes' 16 × 7e9 = {{states7_seed}} rounds Ψ up). Then activations, which grow
        with batch × sequence × layers and depend on the attention kernel: at batch 4 × 4096 tokens Llama-2-7B
        saves {{act7_sdpa}} with SDPA/FlashAttention and {{act7_eager}} with eager attention. Then temporaries
        (the loss's fp32 logits, the optimizer step's buffers). memlib's estimate of the peak is {{peak7_sdpa}}
@@ -388,8 +388,8 @@ QUESTIONS: tuple[Question, ...] = (
     _q("s000-top-5", 6, "M", "ZeRO", "What does each of ZeRO's three stages shard?", """
        Stage 1 shards the optimizer states (fp32 master weights, m, v) across the N data-parallel GPUs;
        stage 2 also the gradients; stage 3 also the 16-bit parameters. Per GPU with mixed-precision Adam:
-       16Φ → 4Φ + 12Φ/N → 2Φ + 14Φ/N → 16Φ/N. (The Tips notes' "4Φ + 14Φ/N" for ZeRO-2 is wrong: it is
-       2Φ + 14Φ/N.) A 7B model ({{p7}} params) over 8 GPUs: {{zero0_7b}}, {{zero1_7b}}, {{zero2_7b}},
+       16Ψ → 4Ψ + 12Ψ/N → 2Ψ + 14Ψ/N → 16Ψ/N. (The Tips notes' "4Φ + 14Φ/N" (their Φ is Ψ) for ZeRO-2 is wrong: it is
+       2Ψ + 14Ψ/N.) A 7B model ({{p7}} params) over 8 GPUs: {{zero0_7b}}, {{zero1_7b}}, {{zero2_7b}},
        {{zero3_7b}} of model states per GPU. Activations are not sharded by any stage.""", _T,
        SEED_QUESTIONS_ZH[4]),
     _q("s000-top-6", 10, "M", "FlashAttention", "How does FlashAttention save memory?", """
@@ -429,7 +429,7 @@ QUESTIONS: tuple[Question, ...] = (
        each layer's parameters just before use, reduce-scatter its gradients — in two implementations. FSDP is
        PyTorch's native one (FSDP2's per-parameter DTensor sharding composes with torch.compile and tensor
        parallelism); ZeRO-3 is DeepSpeed's, with Offload/Infinity extensions. FSDP's `SHARD_GRAD_OP` strategy
-       corresponds to ZeRO-2 and `NO_SHARD` to DDP. Memory per GPU for model states is 16Φ/N in both.""", _S8,
+       corresponds to ZeRO-2 and `NO_SHARD` to DDP. Memory per GPU for model states is 16Ψ/N in both.""", _S8,
        SEED_QUESTIONS_ZH[9]),
     # ---------------------------------------------------------------- the Strategies notes, the six at the end
     _q("s004-1", 1, "E", "rules of thumb", "How do you estimate how much GPU memory an nB-parameter model needs "
@@ -458,7 +458,7 @@ QUESTIONS: tuple[Question, ...] = (
        them back, or computing on the CPU, when needed. ZeRO-Offload keeps the 16-bit weights on the GPU
        ({{off7_gpu}} for LLaMA-7B) and puts gradients, fp32 master weights, m and v in CPU memory
        ({{off7_cpu}}), where the CPU runs the Adam step. Pro: a single GPU trains models several times larger.
-       Con: every step moves gradients down and weights up over PCIe — 4Φ bytes, 2Φ each way, {{off7_pcie}} at
+       Con: every step moves gradients down and weights up over PCIe — 4Ψ bytes, 2Ψ each way, {{off7_pcie}} at
        25 GB/s per direction for 7B — and the CPU's Adam is slow; overlap hides part of it, large batches amortize it.""", _S4,
        SEED_QUESTIONS_ZH[13]),
     _q("s004-5", 11, "M", "quantization", "Why does quantization save memory? How much does INT4 quantization "
@@ -471,7 +471,7 @@ QUESTIONS: tuple[Question, ...] = (
        shrink the KV cache or the activations.""", _S4, SEED_QUESTIONS_ZH[14]),
     _q("s004-6", 9, "M", "LoRA", "Why does LoRA reduce GPU memory so much?", """
        Because the base weights are frozen: no gradients and no optimizer states for them, only their 16-bit
-       copy (2Φ = {{lora7_frozen}} for LLaMA-7B instead of 16Φ = {{states7}}). The trainable low-rank matrices
+       copy (2Ψ = {{lora7_frozen}} for LLaMA-7B instead of 16Ψ = {{states7}}). The trainable low-rank matrices
        B·A (r·(d_in + d_out) per adapted matrix) are tiny: r = 16 on all linear layers of LLaMA-7B is
        {{lora7_all}} parameters ({{lora7_all_pct}} of the model), whose states take {{lora7_states}}. Activations
        are not reduced much (they still flow through the frozen layers; Chapter 9 measured −16 % with q, v
@@ -561,7 +561,7 @@ QUESTIONS: tuple[Question, ...] = (
        FlashAttention the s² terms are already gone.""", text_zh=""),
     _q("b04-3", 4, "E", "checkpointing", "Does gradient checkpointing reduce the memory of parameters, gradients "
        "or optimizer states?", """
-       No — only activations. If model states are the bottleneck (e.g. 16Φ = {{states7}} for 7B on one 80 GB
+       No — only activations. If model states are the bottleneck (e.g. 16Ψ = {{states7}} for 7B on one 80 GB
        GPU) checkpointing cannot make it fit; that needs sharding (ZeRO), 8-bit states, LoRA or offloading.""",
        text_zh=""),
     _q("b04-4", 4, "H", "recompute cost", "Why does full recomputation cost about 33 % more compute, not 100 %?",
@@ -592,13 +592,13 @@ QUESTIONS: tuple[Question, ...] = (
        Memory: peak depends on the micro-batch only.""", text_zh=""),
     # ---------------------------------------------------------------- Chapter 6
     _q("b06-1", 6, "M", "ZeRO", "How much does ZeRO-1/2/3 communicate compared with DDP?", """
-       DDP all-reduces gradients: 2Φ elements per step (reduce-scatter + all-gather). ZeRO-1 and ZeRO-2 do the
+       DDP all-reduces gradients: 2Ψ elements per step (reduce-scatter + all-gather). ZeRO-1 and ZeRO-2 do the
        same volume (reduce-scatter the gradients, all-gather the updated parameters). ZeRO-3 all-gathers
-       parameters in the forward and again in the backward, plus the reduce-scatter: 3Φ, 1.5× DDP.""",
+       parameters in the forward and again in the backward, plus the reduce-scatter: 3Ψ, 1.5× DDP.""",
        text_zh=""),
     _q("b06-2", 6, "H", "ZeRO", "How many GPUs of 80 GB does Llama-2-70B need for its model states alone under "
        "ZeRO-3 with mixed-precision Adam?", """
-       Φ = {{p70}}, 16Φ/N ≤ 80 GiB ({{gpu80_gb}}: GPU memory is binary) → N ≥ {{n70_z3}}. In practice 16 (2 nodes of 8): {{states70_z3_16}} per GPU, the
+       Ψ = {{p70}}, 16Ψ/N ≤ 80 GiB ({{gpu80_gb}}: GPU memory is binary) → N ≥ {{n70_z3}}. In practice 16 (2 nodes of 8): {{states70_z3_16}} per GPU, the
        rest for activations, gathered layers and buffers.""", text_zh=""),
     _q("b06-3", 6, "M", "ZeRO", "What does ZeRO not shard?", """
        Activations, temporary buffers and (in stage 3) the fully gathered parameters of the layer being computed.
@@ -606,7 +606,7 @@ QUESTIONS: tuple[Question, ...] = (
        (partitioned activation checkpoints, constant-size buffers) handles the residual memory.""", text_zh=""),
     _q("b06-4", 6, "E", "ZeRO", "What is the per-GPU model-state memory of a 7B model on 8 GPUs with plain DDP "
        "and with ZeRO-3?", """
-       DDP replicates everything: {{zero0_7b}} per GPU; ZeRO-3 shards it: {{zero3_7b}} per GPU (16Φ/8).""",
+       DDP replicates everything: {{zero0_7b}} per GPU; ZeRO-3 shards it: {{zero3_7b}} per GPU (16Ψ/8).""",
        text_zh=""),
     # ---------------------------------------------------------------- Chapter 7
     _q("b07-1", 7, "M", "ZeRO-Offload", "In ZeRO-Offload, what stays on the GPU and what goes to the CPU?", """
@@ -615,8 +615,8 @@ QUESTIONS: tuple[Question, ...] = (
        16-bit weights are copied back. LLaMA-7B: {{off7_gpu}} on the GPU, {{off7_cpu}} on the CPU.""",
        text_zh=""),
     _q("b07-2", 7, "H", "offload cost", "What limits the speed of CPU offloading?", """
-       PCIe bandwidth and the CPU's Adam throughput. Each step moves gradients down and weights up: 4Φ bytes,
-       2Φ each way at once, {{off7_pcie}} per step for 7B at 25 GB/s per direction (PCIe 4.0 ×16 in practice), and the CPU's Adam step reads and
+       PCIe bandwidth and the CPU's Adam throughput. Each step moves gradients down and weights up: 4Ψ bytes,
+       2Ψ each way at once, {{off7_pcie}} per step for 7B at 25 GB/s per direction (PCIe 4.0 ×16 in practice), and the CPU's Adam step reads and
        writes the 12 bytes/param of fp32 states. Overlapping transfers with backward and a larger batch per step
        amortize it; ZeRO-Offload's one-step delayed update hides the CPU step at small batch.""", text_zh=""),
     _q("b07-3", 7, "M", "ZeRO-Infinity", "When does ZeRO-Infinity (NVMe offload) make sense?", """
@@ -639,8 +639,8 @@ QUESTIONS: tuple[Question, ...] = (
        .small_tensor_params`). The paper also recommends a stable embedding layer.""", text_zh=""),
     _q("b08-4", 8, "H", "8-bit Adam", "The Tips notes say 8-bit Adam saves 75 % of optimizer memory. Is that right "
        "for mixed-precision training?", """
-       For m and v, yes (8Φ → 2Φ). For the optimizer states as counted by ZeRO — with the fp32 master weights —
-       12Φ → 6Φ: half ({{opt7_adamw}} → {{opt7_8bit}} on LLaMA-7B), and the whole step goes from {{bpp_adam}} to
+       For m and v, yes (8Ψ → 2Ψ). For the optimizer states as counted by ZeRO — with the fp32 master weights —
+       12Ψ → 6Ψ: half ({{opt7_adamw}} → {{opt7_8bit}} on LLaMA-7B), and the whole step goes from {{bpp_adam}} to
        {{bpp_8bit}} bytes/param.""", text_zh=""),
     # ---------------------------------------------------------------- Chapter 9
     _q("b09-1", 9, "M", "LoRA", "How many trainable parameters does LoRA r = 16 add to LLaMA-7B?", """
@@ -721,7 +721,7 @@ QUESTIONS: tuple[Question, ...] = (
     # ---------------------------------------------------------------- Chapter 13
     _q("b13-1", 13, "M", "recipe", "The Tips notes' recipe: LLaMA-7B full fine-tune on 8 × 80 GB, BF16 + ZeRO-2 + "
        "FlashAttention + checkpointing, batch 4 per GPU. Does it fit?", """
-       At 2048 tokens memlib estimates {{recipe7}} per GPU (ZeRO-2 states 2Φ + 14Φ/8 plus checkpointed
+       At 2048 tokens memlib estimates {{recipe7}} per GPU (ZeRO-2 states 2Ψ + 14Ψ/8 plus checkpointed
        activations) — comfortable headroom; without checkpointing {{recipe7_nock}}. Effective batch
        4 × 4 × 8 = {{recipe7_batch}}.""", text_zh=""),
     _q("b13-2", 13, "H", "strategy", "Your 7B full fine-tune is out of memory on one 80 GB GPU at batch 1 × 4096. "

@@ -140,7 +140,7 @@ def test_answers_have_numbers_from_memlib() -> None:
     assert numbers["inf7_kv"].value == "8.59 GB"
     assert numbers["attn_layer"].value == "4 GiB" and numbers["attn_model"].value == "128 GiB"
     assert numbers["recipe7_batch"].value == "128"
-    assert numbers["zero2_7b"].value == "25.3 GB"  # 2Φ + 14Φ/8, not the Tips notes' 4Φ + 14Φ/N
+    assert numbers["zero2_7b"].value == "25.3 GB"  # 2Ψ + 14Ψ/8, not the Tips notes' 4Ψ + 14Ψ/N
 
 
 def test_markdown_has_dropdown_and_chapter() -> None:

@@ -53,7 +53,7 @@ def test_sixteen_bytes_per_param_and_adam_vs_sgd() -> None:
     assert sum(state_bytes_per_param("fp32", "adamw")) == 16
     assert state_bytes_per_param("bf16-mixed", "sgd") == (2, 2, 4)
     assert state_bytes_per_param("bf16", "adamw") == (2, 2, 4)
-    # the Tips notes §八: Adam's optimizer states (master + m + v) are 12Φ, three times... the 4Φ of fp32 weights
+    # the Tips notes §八: Adam's optimizer states (master + m + v) are 12Ψ, three times... the 4Ψ of fp32 weights
     assert state_bytes_per_param("bf16-mixed", "adamw")[2] == 3 * 4
 
 
