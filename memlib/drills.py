@@ -26,7 +26,7 @@ from typing import Any
 from .configs import load_config
 from .dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS, weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .lora import lora_params
+from .lora import lora_params, qlora_base_bytes
 from .estimate import (
     KV_DTYPES,
     estimate_inference,
@@ -35,7 +35,7 @@ from .estimate import (
     state_bytes_per_param,
 )
 from .flops import matmul_params, palm_flops
-from .inference import serving_fit
+from .inference import reserve_bytes, serving_fit
 from .params import count_params
 
 __all__ = [
@@ -174,7 +174,6 @@ def answer_numbers() -> dict[str, Number]:
         put(f"inf7_{fmt}", _gb(w), f"estimate_inference('llama-7b', weights='{fmt}').weights_bytes")
         put(f"save7_{fmt}", f"{100 * (1 - w / inf.weights_bytes):.0f} %", f"1 − {fmt} weights / fp16 weights")
     put("bpp_int4", f"{WEIGHT_FORMATS['int4']:.4f}", "WEIGHT_FORMATS['int4'] (0.5 + fp32 absmax per 64)")
-    put("bpp_nf4", f"{WEIGHT_FORMATS['nf4']:.4f}", "WEIGHT_FORMATS['nf4'] (double-quantized constants)")
     kv8 = estimate_inference("llama-3-8b", batch_size=8, seq_len=2048).kv_cache_bytes
     put("kv_l38b", _gb(kv8, 2), "estimate_inference('llama-3-8b', batch_size=8, seq_len=2048).kv_cache_bytes")
     kv8fp8 = estimate_inference("llama-7b", batch_size=8, seq_len=2048, kv_dtype="fp8").kv_cache_bytes
@@ -242,16 +241,24 @@ def answer_numbers() -> dict[str, Number]:
         put(f"lora7_{tgt}_pct", f"{100 * lp / p7:.2f} %", "LoRA params / count_params('llama-7b').params")
     lp = _lora_params("llama-7b", 16, "all")
     put("lora7_states", _gb(16 * lp, 2), "16 bytes × LoRA params (peft's fp32 adapter weight and grad, fp32 m, v)")
-    lp70 = _lora_params("llama-2-70b", 16, "all")
-    put("lora70_all", f"{lp70 / 1e6:.0f} M", "r·(d_in + d_out) per linear layer of llama-2-70b, r = 16")
-    put("lora70_states", _gb(16 * lp70, 1), "16 bytes × LoRA params (peft's fp32 adapter weight and grad, fp32 m, v)")
     put("lora7_frozen", _gb(2 * p7), "2Ψ: frozen bf16 base weights")
-    put("qlora65_w", _gb(65e9 * weight_bytes_per_param("nf4")), "65e9 × WEIGHT_FORMATS['nf4']")
-    put("qlora70_w", _gb(estimate_inference("llama-2-70b", weights="nf4").weights_bytes),
-        "estimate_inference('llama-2-70b', weights='nf4').weights_bytes")
     put("dq65_save", _gb(65e9 * (WEIGHT_FORMATS["int4"] - WEIGHT_FORMATS["nf4"])),
         "65e9 × (0.5 − 0.127) bits / 8: constants without vs with double quantization")
     put("fp16_65", _gb(65e9 * 2, 0), "65e9 × 2 bytes")
+    # QLoRA of LLaMA-65B on a 48 GiB card, as Chapters 9 and 13 set it: r = 64 on all linear layers, batch 1 × 512,
+    # full recomputation, with the book's one reserve (1 GiB context + 5 %)
+    l65 = {**load_config("llama-7b").raw, "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+           "num_key_value_heads": 64, "intermediate_size": 22016}
+    kw65: dict[str, Any] = dict(method="qlora", lora_rank=64, precision="bf16-mixed", batch_size=1, seq_len=512,
+                                recompute="full")
+    q32, q8 = (estimate_training(l65, optimizer=o, **kw65) for o in ("adamw", "adamw-8bit"))
+    put("nf4_65", _gb(qlora_base_bytes(l65), 2), "qlora_base_bytes(LLaMA-65B): NF4 decoder matrices, bf16 rest")
+    put("lora65_r64", f"{q32.settings['trainable_params'] / 1e9:.2f} B",
+        "estimate_training(LLaMA-65B, method='qlora', lora_rank=64).settings['trainable_params']")
+    put("qlora65_need32", _gib(q32.total_bytes + reserve_bytes(q32.total_bytes)),
+        "QLoRA r = 64, 32-bit AdamW, batch 1 × 512, full recompute: total_bytes + reserve_bytes(total_bytes)")
+    put("qlora65_need8", _gib(q8.total_bytes + reserve_bytes(q8.total_bytes)),
+        "the same with optimizer='adamw-8bit'")
     # attention matrix, LLaMA-7B at 8192 tokens, fp16
     c7 = load_config("llama-7b")
     head = 8192 * 8192 * 2
@@ -647,11 +654,14 @@ QUESTIONS: tuple[Question, ...] = (
        r·(d_in + d_out) per adapted matrix. On q, k, v, o: {{lora7_attn}} ({{lora7_attn_pct}}); on all seven
        linear layers: {{lora7_all}} ({{lora7_all_pct}}).""", text_zh=""),
     _q("b09-2", 9, "H", "QLoRA", "Can a 65B model be fine-tuned on one 48 GB GPU? How?", """
-       With QLoRA: the frozen base in NF4 with double quantization is {{qlora65_w}} (65e9 × {{bpp_nf4}} bytes;
-       {{qlora70_w}} for Llama-2-70B as built), against {{fp16_65}} in fp16. LoRA r = 16 on all linear layers adds {{lora70_all}}
-       parameters whose states (16 bytes each with mixed-precision Adam) take about {{lora70_states}} (Llama-2-70B
-       as the stand-in); gradient checkpointing keeps activations small; the paged optimizer absorbs
-       spikes by paging optimizer states to CPU memory. Tight but feasible, as the QLoRA paper did.""",
+       With QLoRA: the frozen base in NF4 with double quantization is {{nf4_65}} for LLaMA-65B as built (4.127-bit
+       decoder matrices; embeddings, LM head and norms in bf16), against {{fp16_65}} in 16 bits. LoRA r = 64 on
+       all linear layers (the paper's setting) adds {{lora65_r64}} parameters, with fp32 weights, gradients and
+       AdamW states (16 bytes each); gradient checkpointing keeps activations small. With the book's reserve
+       (1 GiB CUDA context + 5 % fragmentation) 32-bit AdamW needs {{qlora65_need32}} at batch 1 × 512 tokens,
+       over a 48 GiB card ("48 GB" cards hold 48 GiB); 8-bit AdamW needs {{qlora65_need8}} and fits, which is
+       what `memlib plan` picks. The paper's paged optimizer lets the states step aside during activation
+       spikes. So yes, but only just: the rank and the optimizer decide.""",
        text_zh=""),
     _q("b09-3", 9, "M", "double quantization", "What is QLoRA's double quantization, and what does it save?",
        """
