@@ -21,7 +21,7 @@ __all__ = [
     "format_bytes",
 ]
 
-GB = 10**9  #: decimal gigabyte (papers, the seeds, datasheets)
+GB = 10**9  #: decimal gigabyte (papers, the two source notes, datasheets)
 GiB = 2**30  #: binary gibibyte (torch, nvidia-smi)
 MB = 10**6
 MiB = 2**20

@@ -270,7 +270,7 @@ def training_flops(model: ModelLike, batch_size: int, seq_len: int, *, attention
 
 
 def utilization(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
-    """Achieved FLOP/s over the peak FLOP/s: the seed's "GPU utilization" (100 / 312 = 0.32).
+    """Achieved FLOP/s over the peak FLOP/s: the Strategies notes' "GPU utilization" (100 / 312 = 0.32).
 
     Introduced in Chapter 12.
 
@@ -313,7 +313,7 @@ def hfu(hardware_flops_per_step: float, step_time_s: float, peak_flops_per_s: fl
 
 
 def tokens_per_second_at_peak(flops_per_token: float, peak_flops_per_s: float) -> float:
-    """Tokens per second one GPU would train at 100 % utilization (the seed's "paper throughput").
+    """Tokens per second one GPU would train at 100 % utilization (the Strategies notes' "paper throughput").
 
     Introduced in Chapter 12.
 
@@ -330,7 +330,7 @@ def tokens_per_second_at_peak(flops_per_token: float, peak_flops_per_s: float) -
 
 def throughput_utilization(samples_per_s_per_gpu: float, seq_len: int, flops_per_token: float,
                            peak_flops_per_s: float) -> float:
-    """The seed's second method: throughput (samples/s/GPU × max_length) over the throughput at peak.
+    """The Strategies notes' second method: throughput (samples/s/GPU × max_length) over the throughput at peak.
 
     Introduced in Chapter 12. Algebraically the same as MFU: tokens/s × FLOPs/token ÷ peak.
 

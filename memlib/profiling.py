@@ -750,7 +750,7 @@ def _run(cmd: list[str], timeout: float = 60) -> dict[str, Any]:
 
 
 def gpu_ops_report() -> dict[str, Any]:
-    """Run the seed's operations commands and collect their output (for ``labs/results/12_ops.json``).
+    """Run the Strategies notes' operations commands and collect their output (for ``labs/results/12_ops.json``).
 
     Introduced in Chapter 12. ``nvidia-smi``, ``nvidia-smi topo -m``, ``nvidia-smi dmon -c 5``,
     ``ds_report``, and ``torch.cuda.get_device_properties`` for each device (the PyTorch equivalent of the

@@ -178,7 +178,7 @@ def test_properties_table_rows() -> None:
     rows = properties_table()
     assert [r.name for r in rows] == list(FORMAT_NAMES)
     fp16, bf16 = rows[1], rows[2]
-    assert fp16.min_subnormal == 2.0**-24 and round(fp16.min_subnormal, 9) == 6e-8  # the seed's "6e-8"
+    assert fp16.min_subnormal == 2.0**-24 and round(fp16.min_subnormal, 9) == 6e-8  # the Tips notes' "6e-8"
     assert fp16.max_normal == 65504
     assert round(fp16.decimal_digits, 1) == 3.3 and round(bf16.decimal_digits, 1) == 2.4
     assert bf16.min_normal == 2.0**-126 and bf16.min_subnormal == 2.0**-133
