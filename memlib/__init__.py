@@ -6,6 +6,7 @@ from .configs import ModelConfig, load_config, shipped_models
 from .dtypes import GB, GiB, dtype_bytes, format_bytes, parse_size
 from .errors import MemlibError
 from .params import ParamCount, count_params
+from .serve import ServeFit, serve
 
 __all__ = [
     "GB",
@@ -14,11 +15,13 @@ __all__ = [
     "MemlibError",
     "ModelConfig",
     "ParamCount",
+    "ServeFit",
     "count_params",
     "dtype_bytes",
     "format_bytes",
     "load_config",
     "parse_size",
+    "serve",
     "shipped_models",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The ``memlib`` command line: params, train, infer, trace (Chapter 1)."""
+"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1)."""
 from __future__ import annotations
 
 import argparse
@@ -92,6 +92,32 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--lora-rank", type=_positive_int, default=16)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
+    from .serve import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        DEFAULT_MAX_NUM_SEQS, SERVE_KV_DTYPES)
+
+    sv = sub.add_parser("serve", help="vLLM-style serving budget: KV blocks and concurrent requests per GPU")
+    sv.add_argument("model", help=models_help)
+    sv.add_argument("--gpu", default=None, help=f"GPU from memlib's spec table ({', '.join(gpu_names())})")
+    sv.add_argument("--gpu-mem", default=None, help="memory of one GPU instead of --gpu, e.g. 80GiB")
+    sv.add_argument("--max-model-len", type=_positive_int, required=True,
+                    help="tokens per request (prompt + output)")
+    sv.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                    help=f"the engine's share of GPU memory, in (0, 1] (default {DEFAULT_GPU_MEMORY_UTILIZATION})")
+    sv.add_argument("--kv-dtype", choices=tuple(SERVE_KV_DTYPES), default="fp16")
+    sv.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16")
+    sv.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+                    help=f"tokens per KV block, a power of two (default {DEFAULT_BLOCK_SIZE})")
+    sv.add_argument("--max-num-batched-tokens", type=_positive_int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                    help=f"tokens per scheduler step / prefill chunk (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    sv.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS,
+                    help=f"requests per scheduler step (default {DEFAULT_MAX_NUM_SEQS})")
+    sv.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel GPUs (default 1)")
+    sv.add_argument("--draft", default=None, help="draft model for speculative decoding")
+    sv.add_argument("--num-speculative-tokens", type=int, default=0, help="tokens the draft proposes per step")
+    sv.add_argument("--prefix-cache-hit-rate", type=float, default=0.0,
+                    help="fraction of each request that is a prefix shared by all, in [0, 1) (default 0)")
+    sv.add_argument("--json", action="store_true", help="machine-readable output")
+
     r = sub.add_parser("trace", help="measure a real training step on the meta device (needs torch)")
     r.add_argument("model", help=models_help)
     r.add_argument("--batch", type=_positive_int, default=1)
@@ -161,6 +187,18 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
         return result.as_dict(), _plan_text(result)
+    if args.command == "serve":
+        from .serve import serve
+
+        if (args.gpu is None) == (args.gpu_mem is None):
+            raise MemlibError("give --gpu NAME or --gpu-mem SIZE (one of them)")
+        fit = serve(args.model, max_model_len=args.max_model_len, gpu=args.gpu, gpu_memory=args.gpu_mem,
+                    gpu_memory_utilization=args.gpu_memory_utilization, kv_dtype=args.kv_dtype,
+                    weights=args.weights, block_size=args.block_size,
+                    max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                    tensor_parallel=args.tp, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
+                    prefix_cache_hit_rate=args.prefix_cache_hit_rate)
+        return fit.as_dict(), _serve_text(fit)
     from .trace import trace_training
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
@@ -200,6 +238,31 @@ def _plan_text(result: Any) -> str:
         lines.append(f"does not fit: closest is '{cl.technique}' at {cl.total_bytes / GiB:.2f} GiB per GPU with the "
                      f"reserve, {(cl.total_bytes - inp['gpu_memory']) / GiB:.2f} GiB over{more}")
     lines.extend(f"note: {n}" for n in result.notes)
+    return "\n".join(lines)
+
+
+def _serve_text(fit: Any) -> str:
+    st = fit.settings
+    head = (f"serving {st['model']} at max-model-len {st['max_model_len']:,} on "
+            f"{fit.gpu_memory_bytes / GiB:.2f} GiB × {st['gpu_memory_utilization']:g} "
+            f"(weights {st['weights']}, KV {st['kv_dtype']}, tp {st['tensor_parallel']})")
+    rows: list[tuple[str, Any]] = [
+        ("budget_bytes", fit.budget_bytes), ("weights_bytes", fit.weights_bytes)]
+    if fit.draft_weights_bytes:
+        rows.append(("draft_weights_bytes", fit.draft_weights_bytes))
+    rows += [("activation_bytes", fit.activation_bytes), ("non_torch_bytes", fit.non_torch_bytes),
+             ("cuda_graph_bytes", fit.cuda_graph_bytes), ("kv_budget_bytes", fit.kv_budget_bytes),
+             ("kv_cache_bytes", fit.kv_cache_bytes), ("kv_bytes_per_token", fit.kv_bytes_per_token),
+             ("block_size", fit.block_size), ("num_blocks", fit.num_blocks), ("blocks_per_seq", fit.blocks_per_seq),
+             ("max_concurrent_seqs", fit.max_concurrent_seqs)]
+    if st["prefix_cache_hit_rate"]:
+        rows.append(("max_concurrent_seqs_prefix", fit.max_concurrent_seqs_prefix))
+    lines = [_table(rows, head)]
+    if fit.fits:
+        lines.append(f"fits: {fit.max_concurrent_seqs:,} requests of {st['max_model_len']:,} tokens at once "
+                     f"({fit.kv_tokens:,} token slots in {fit.num_blocks:,} blocks)")
+    else:
+        lines.extend(f"does not fit: {r}" for r in fit.reasons)
     return "\n".join(lines)
 
 
