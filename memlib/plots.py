@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .dtypes import GB
+from .dtypes import GB, GiB
 from .estimate import TrainingEstimate
 
 __all__ = ["CATEGORY_COLORS", "peak_composition", "training_breakdown_figure", "estimate_vs_trace_figure"]
@@ -75,7 +75,7 @@ def training_breakdown_figure(estimates: Sequence[TrainingEstimate], labels: Seq
     Args:
         estimates: results of :func:`memlib.estimate.estimate_training`.
         labels: one label per bar.
-        gpu_memory_bytes: draw a horizontal line at this capacity (e.g. 80 GB).
+        gpu_memory_bytes: draw a horizontal line at this capacity (e.g. ``80 * GiB``: GPU memory is binary).
         title: figure title.
 
     Returns:
@@ -94,7 +94,7 @@ def training_breakdown_figure(estimates: Sequence[TrainingEstimate], labels: Seq
         ax.text(i, bottoms[i], f"{e.total_bytes / GB:.1f}\n({phase})", ha="center", va="bottom", fontsize=7)
     if gpu_memory_bytes:
         ax.axhline(gpu_memory_bytes / GB, color="black", linestyle="--", linewidth=1,
-                   label=f"{gpu_memory_bytes / GB:.0f} GB GPU")
+                   label=f"{gpu_memory_bytes / GiB:.0f} GiB GPU ({gpu_memory_bytes / GB:.1f} GB)")
     ax.set_xticks(range(len(estimates)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("GB (10⁹ bytes) live at the peak")

@@ -4,8 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from .configs import shipped_models
-from .dtypes import GB
+from .dtypes import GiB
+from .errors import MemlibError
 from .estimate import OPTIMIZERS, PRECISIONS, TrainingEstimate, estimate_training
+from .inference import reserve_bytes
 from .plots import training_breakdown_figure
 
 __all__ = ["training_view", "training_widget"]
@@ -13,15 +15,21 @@ __all__ = ["training_view", "training_widget"]
 
 def training_view(model: str = "llama-2-7b", batch_size: int = 4, seq_len: int = 4096,
                   precision: str = "bf16-mixed", optimizer: str = "adamw", zero_stage: int = 0,
-                  num_gpus: int = 1, gpu_memory_gb: float = 80.0) -> tuple[TrainingEstimate, Any, str]:
-    """The widget's callback: the estimate, its stacked-bar figure and a one-line verdict. Chapter 1."""
+                  num_gpus: int = 1, gpu_memory_gib: float = 80.0) -> tuple[TrainingEstimate, Any, str]:
+    """The widget's callback: the estimate, its stacked-bar figure and a one-line verdict. Chapter 1.
+
+    A GPU's memory is binary (an "80 GB" card holds 80 GiB). The estimate fits when it plus the book's one
+    reserve (:func:`memlib.inference.reserve_bytes`: CUDA context + 5 % fragmentation) is within that memory.
+    """
     est = estimate_training(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
                             optimizer=optimizer, zero_stage=zero_stage, num_gpus=num_gpus)
     label = f"{model}\nb={batch_size} s={seq_len}\n{precision}, {optimizer}, ZeRO-{zero_stage}×{num_gpus}"
-    fig = training_breakdown_figure([est], [label], gpu_memory_bytes=int(gpu_memory_gb * GB))
-    fits = est.total_bytes <= gpu_memory_gb * GB
-    verdict = (f"{est.total_bytes / GB:.1f} GB per GPU (peak in the {est.peak_phase}): "
-               f"{'fits' if fits else 'does not fit'} in {gpu_memory_gb:.0f} GB")
+    capacity = int(gpu_memory_gib * GiB)
+    fig = training_breakdown_figure([est], [label], gpu_memory_bytes=capacity)
+    reserve = reserve_bytes(est.total_bytes)
+    fits = est.total_bytes + reserve <= capacity
+    verdict = (f"{est.total_bytes / GiB:.1f} GiB per GPU + {reserve / GiB:.1f} GiB reserve (peak in the "
+               f"{est.peak_phase}): {'fits' if fits else 'does not fit'} in {gpu_memory_gib:.0f} GiB")
     return est, fig, verdict
 
 
@@ -34,9 +42,13 @@ def training_widget() -> Any:
         raise ImportError("the widget needs ipywidgets and matplotlib: pip install ipywidgets matplotlib") from None
 
     def show(model: str, batch_size: int, seq_len: int, precision: str, optimizer: str, zero_stage: int,
-             num_gpus: int, gpu_memory_gb: float) -> None:
-        _, fig, verdict = training_view(model, batch_size, seq_len, precision, optimizer, zero_stage, num_gpus,
-                                        gpu_memory_gb)
+             num_gpus: int, gpu_memory_gib: float) -> None:
+        try:
+            _, fig, verdict = training_view(model, batch_size, seq_len, precision, optimizer, zero_stage, num_gpus,
+                                            gpu_memory_gib)
+        except MemlibError as err:  # e.g. a sequence longer than the model's positions
+            print(f"refused: {err}")
+            return
         plt.show()
         print(verdict)
         plt.close(fig)
@@ -50,5 +62,5 @@ def training_widget() -> Any:
         optimizer=w.Dropdown(options=list(OPTIMIZERS), value="adamw"),
         zero_stage=w.Dropdown(options=[0, 1, 2, 3], value=0),
         num_gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=1),
-        gpu_memory_gb=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
+        gpu_memory_gib=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
     )

@@ -14,6 +14,7 @@ from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from .dtypes import GB, GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_training
+from .gpus import GPUS
 
 __all__ = [
     "STAGES",
@@ -54,7 +55,7 @@ TABLE1_PRINTED: dict[int, dict[int, tuple[str, str, str]]] = {
                         1024: ("4011", "2013", "15.6")},
 }
 
-V100_BYTES = 32 * GiB
+V100_BYTES = GPUS["v100"].memory_bytes
 """A 32 GB V100 holds 32 GiB = 34.36 × 10⁹ bytes (HBM2 capacities are powers of two)."""
 
 
