@@ -35,8 +35,11 @@ from .estimate import (
     state_bytes_per_param,
 )
 from .flops import matmul_params, palm_flops
-from .inference import reserve_bytes, serving_fit
+from .inference import forward_activation_bytes, reserve_bytes, serving_fit
 from .params import count_params
+from .gpus import get_gpu
+from .serve import (DEFAULT_CUDA_GRAPH, DEFAULT_NON_TORCH, decode_bytes_per_step, decode_latency_s, serve,
+                    serve_kv_bytes_per_token)
 
 __all__ = [
     "CHAPTERS",
@@ -288,7 +291,56 @@ def answer_numbers() -> dict[str, Number]:
     k = round(math.sqrt(L))
     put("sqrt_k", str(k), f"round(√{L})")
     put("sqrt_units", f"{math.ceil(L / k) + k}", f"⌈{L}/{k}⌉ checkpoints + {k} live layers")
+    _serving_numbers(put)
     return n
+
+
+def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
+    """The serving questions' numbers (vLLM-style budgets from :func:`memlib.serve.serve`)."""
+    f = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192)
+    call = "serve('llama-3-8b', gpu='h100-sxm', max_model_len=8192)"
+    put("srv_budget", _gib(f.budget_bytes, 0), f"{call}.budget_bytes: 0.9 × 80 GiB")
+    put("srv_w", _gib(f.weights_bytes, 2), f"{call}.weights_bytes")
+    put("srv_w_gb", _gb(f.weights_bytes, 2), f"{call}.weights_bytes, in GB")
+    put("srv_act", _gib(f.activation_bytes, 2), f"{call}.activation_bytes: forward_activation_bytes of 2048 tokens")
+    put("srv_over", _gib(DEFAULT_NON_TORCH + DEFAULT_CUDA_GRAPH, 1), "non-torch 1 GiB + CUDA graphs 0.5 GiB (memlib's)")
+    put("srv_kv", _gib(f.kv_budget_bytes, 2), f"{call}.kv_budget_bytes")
+    put("srv_kvtok", f"{f.kv_bytes_per_token // 1024} KiB", "serve_kv_bytes_per_token('llama-3-8b'): 2 × 32 × 8 × 128 × 2")
+    put("srv_blocks", f"{f.num_blocks:,}", f"{call}.num_blocks")
+    put("srv_users", f"{f.max_concurrent_seqs}", f"{call}.max_concurrent_seqs: ⌊(blocks − 1) / 512⌋")
+    put("srv_waste", f"{15 * f.kv_bytes_per_token / MiB:.3g} MiB", "15 tokens × serve_kv_bytes_per_token('llama-3-8b')")
+    for kv in ("fp8", "int4"):
+        q = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192, kv_dtype=kv)
+        put(f"srv_users_{kv}", f"{q.max_concurrent_seqs}", f"serve('llama-3-8b', gpu='h100-sxm', max_model_len=8192, "
+            f"kv_dtype='{kv}').max_concurrent_seqs")
+    shared = 2000 // 16
+    put("pfx_blocks", f"{shared}", "⌊2000 / 16⌋ full blocks of the shared prompt")
+    put("pfx_save", _gib(99 * shared * f.block_bytes, 1), "99 requests × 125 blocks × 2 MiB held once instead")
+    for t in (8192, 2048):
+        put(f"act_{t}", _gib(forward_activation_bytes("llama-3-8b", t), 2),
+            f"forward_activation_bytes('llama-3-8b', {t})")
+    base70 = serve("llama-3-70b", gpu="h100-sxm", max_model_len=8192, tensor_parallel=4)
+    spec70 = serve("llama-3-70b", gpu="h100-sxm", max_model_len=8192, tensor_parallel=4, draft="llama-3-8b",
+                   num_speculative_tokens=4)
+    c70 = "serve('llama-3-70b', gpu='h100-sxm', max_model_len=8192, tensor_parallel=4"
+    put("spec_dw", _gib(spec70.draft_weights_bytes, 2), f"{c70}, draft='llama-3-8b', ...).draft_weights_bytes")
+    put("spec_kv_pct", f"{100 * serve_kv_bytes_per_token('llama-3-8b', tensor_parallel=4) / base70.kv_bytes_per_token:.0f} %",
+        "draft KV per token / target KV per token, per GPU")
+    put("spec_users", f"{base70.max_concurrent_seqs} → {spec70.max_concurrent_seqs}",
+        f"{c70}).max_concurrent_seqs without and with the draft (k = 4)")
+    put("vocab_gpt2", f"{load_config('gpt2').vocab_size:,}", "load_config('gpt2').vocab_size")
+    put("vocab_l3", f"{load_config('llama-3-8b').vocab_size:,}", "load_config('llama-3-8b').vocab_size")
+    bw = get_gpu("h100-sxm").bandwidth_bytes_per_s
+    put("h100_bw", f"{bw / 1e12:.2f} TB/s", "get_gpu('h100-sxm').bandwidth_bytes_per_s")
+    t1 = decode_latency_s("llama-3-8b", gpu="h100-sxm")
+    put("dec_ms_b1", f"{1e3 * t1:.1f} ms", "decode_latency_s('llama-3-8b', gpu='h100-sxm'): weights ÷ bandwidth")
+    put("dec_tok_s", f"{1 / t1:.0f}", "1 / decode_latency_s('llama-3-8b', gpu='h100-sxm')")
+    put("mbu_150", f"{100 * 150 * decode_bytes_per_step('llama-3-8b', batch_size=1, context_len=1) / bw:.0f} %",
+        "150 tokens/s × decode_bytes_per_step(...) / bandwidth")
+    b64 = decode_bytes_per_step("llama-3-8b", batch_size=64, context_len=8192)
+    put("dec_kv_b64", _gb(b64 - f.weights_bytes, 1), "64 × 8192 × 128 KiB of KV read per step")
+    put("dec_ms_b64", f"{1e3 * b64 / bw:.1f} ms", "decode_bytes_per_step('llama-3-8b', batch_size=64, "
+        "context_len=8192) / bandwidth")
 
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -706,6 +758,85 @@ QUESTIONS: tuple[Question, ...] = (
     _q("b11-4", 11, "E", "weights", "How much memory do LLaMA-7B's weights take in INT8?", """
        {{inf7_int8}} — one byte per quantized weight, embeddings and norms kept in 16 bits — against {{inf7_w}}
        in fp16.""", text_zh=""),
+    # ---------------------------------------------------------------- Chapter 11: serving engines
+    _q("b11-5", 11, "E", "continuous batching", "What is continuous batching, and why does it let a server take "
+       "more requests than static batching?", """
+       Static batching (`model.generate` on a fixed batch) admits a batch, runs it until its longest answer ends and
+       reserves every sequence's cache for the maximum length; finished sequences idle in the batch. Continuous
+       (iteration-level) batching, from Orca (Yu et al., OSDI 2022) and used by vLLM, schedules every decode step
+       anew: a finished request leaves, a waiting one joins at the next step. Memory is then held only by
+       requests in flight, for the tokens they have, which is what PagedAttention's blocks make cheap.""",
+       text_zh=""),
+    _q("b11-6", 11, "M", "serving budget", "vLLM serves Llama-3-8B (fp16) on one 80 GiB H100 with max-model-len "
+       "8192 and the default gpu_memory_utilization 0.9. Where does the memory go, and how many 8k requests fit "
+       "at once?", """
+       The engine takes 0.9 × 80 GiB = {{srv_budget}}. Its start-up profile (`determine_available_memory`)
+       subtracts the weights ({{srv_w}}), the activation peak of one scheduler step of max_num_batched_tokens =
+       2048 tokens ({{srv_act}}) and the memory outside PyTorch's allocator plus CUDA graphs (memlib assumes
+       {{srv_over}}). The rest, {{srv_kv}}, becomes KV blocks: at {{srv_kvtok}} per token and 16 tokens per
+       block that is {{srv_blocks}} blocks. An 8192-token request needs 8192 / 16 = 512 blocks, so {{srv_users}} requests of
+       the full length fit (one block is the pool's null block). `memlib serve llama-3-8b --gpu h100
+       --max-model-len 8192` prints the same budget.""", text_zh=""),
+    _q("b11-7", 11, "M", "PagedAttention", "How much KV memory does PagedAttention waste per sequence, and why "
+       "did earlier servers waste so much more?", """
+       A sequence holds whole blocks, so it wastes less than one block: at most 15 of 16 token slots, for
+       Llama-3-8B {{srv_waste}}. Earlier systems reserved a contiguous cache for the maximum length up front
+       and lost the unused tail plus fragmentation between reservations; the vLLM paper (Kwon et al. 2023)
+       measured 60–80 % of the KV memory wasted in them against under 4 % in vLLM. Smaller blocks waste less
+       but make the attention kernel's gathers less efficient; 16 is vLLM's default on CUDA.""", text_zh=""),
+    _q("b11-8", 11, "M", "prefix caching", "A hundred concurrent requests to Llama-3-8B share a 2,000-token system "
+       "prompt. What does automatic prefix caching save, and what is copy-on-write for?", """
+       The prompt's full blocks — ⌊2000 / 16⌋ = {{pfx_blocks}} — are hashed and held once with a reference count;
+       the tokens of the last, partial block are recomputed per request. Held once instead of a hundred times,
+       that saves {{pfx_save}} of KV cache. A shared block is read-only: a request that would write into it
+       (a partly filled shared block, or beam search / parallel sampling forking a sequence) first gets its own
+       copy — copy-on-write — so sharing never changes what another request sees.""", text_zh=""),
+    _q("b11-9", 11, "M", "chunked prefill", "Why does chunked prefill bound a server's activation memory? Compare "
+       "Llama-3-8B prefilling an 8192-token prompt at once with chunks of 2048 tokens.", """
+       The activation peak of a forward pass grows with the tokens in it; nothing is kept for backward, so one
+       layer's intermediates (the SwiGLU MLP's three T × 14336 tensors) set it. The whole prompt at once peaks
+       near {{act_8192}}; a step of at most max_num_batched_tokens = 2048 tokens near {{act_2048}}, whatever the
+       prompt's length. vLLM profiles that one step at start-up and gives the rest to KV blocks, and the
+       scheduler mixes the chunks with other requests' decode tokens in the same step.""", text_zh=""),
+    _q("b11-10", 11, "H", "speculative decoding", "You add Llama-3-8B as a draft (4 speculative tokens) to "
+       "Llama-3-70B served on 4 × H100 with tensor parallelism at max-model-len 8192. What does it cost in memory?",
+       """
+       Three things, all taken out of the KV blocks: the draft's weights ({{spec_dw}} per GPU when split four
+       ways), the draft's own KV cache for every token (its layers sit in the same block pool: {{spec_kv_pct}} on
+       top of the target's per token here) and k lookahead slots per request for the proposed tokens. The
+       target verifies the k + 1 tokens in one forward pass, a prefill-like step bounded by
+       max_num_batched_tokens. memlib: the full-length requests that fit go from {{spec_users}}. It pays off when
+       the latency saved per accepted token matters more than that concurrency.""", text_zh=""),
+    _q("b11-11", 11, "E", "speculative decoding", "Can GPT-2 serve as a draft model for Llama-3-8B?", """
+       No: the target verifies the draft's tokens by id, so both must share a tokenizer and vocabulary, and
+       GPT-2 has {{vocab_gpt2}} tokens against Llama-3's {{vocab_l3}}. `memlib serve --draft gpt2` refuses it;
+       pick a small model of the same family (or an n-gram / EAGLE-style head trained on the target).""",
+       text_zh=""),
+    _q("b11-12", 11, "M", "KV quantization", "How many 8k-token Llama-3-8B requests fit on one H100 with an fp8 or "
+       "an int4 KV cache instead of fp16, and what is the catch?", """
+       The KV budget stays the same; bytes per token shrink. memlib: {{srv_users}} requests with fp16, {{srv_users_fp8}}
+       with fp8 (one byte per element, a per-tensor scale) and {{srv_users_int4}} with int4 (half a byte plus one
+       fp16 scale and zero-point per head vector). The catch is accuracy: fp8 costs little on most models, while
+       4- and 2-bit caches need care — KIVI (Liu et al. 2024) quantizes keys per channel and values per token
+       because keys have outlier channels; check the task's quality, not only perplexity.""", text_zh=""),
+    _q("b11-13", 11, "M", "decode latency", "Llama-3-8B in fp16 decodes one sequence on an H100 SXM (3.35 TB/s "
+       "of memory bandwidth on its datasheet). What is the least time per generated token?", """
+       A decode step at batch 1 reads every weight once and does ~2 FLOPs per weight per token: far too little
+       arithmetic to be compute-bound, so time ≈ bytes moved ÷ bandwidth = {{srv_w_gb}} / {{h100_bw}} ≈
+       {{dec_ms_b1}} per token, at most about {{dec_tok_s}} tokens/s. Quantized weights move fewer bytes and
+       decode faster for that reason.""", text_zh=""),
+    _q("b11-14", 11, "M", "MBU", "The same server reaches 150 tokens/s for one sequence. What is its model "
+       "bandwidth utilization (MBU)?", """
+       MBU = bytes moved per token × tokens/s ÷ peak bandwidth = weights × 150 / {{h100_bw}} = {{mbu_150}}.
+       MBU is to decode what MFU is to training: the fraction of the roofline's memory side achieved; what is
+       missing goes to kernel launches, synchronization and kernels that do not stream memory at full speed.""", text_zh=""),
+    _q("b11-15", 11, "H", "decode latency", "Batch 64 decodes barely slower than batch 1 at short contexts. What "
+       "changes for Llama-3-8B at 8192 tokens of context per sequence?", """
+       The weights are read once per step whatever the batch, so at short contexts 64 sequences cost about what
+       one does. The KV cache is read per sequence: 64 × 8192 tokens × {{srv_kvtok}} = {{dec_kv_b64}} per step,
+       more than the weights themselves, so the step takes ≈ {{dec_ms_b64}} instead of {{dec_ms_b1}}. At long contexts KV
+       bytes, not weights, set decode latency — a reason for GQA, fp8 KV caches and prefix sharing.""",
+       text_zh=""),
     # ---------------------------------------------------------------- Chapter 12
     _q("b12-1", 12, "E", "utilization", "An A100 (312 TFLOP/s dense bf16) achieves 100 TFLOP/s. What is its "
        "utilization?", """
@@ -1128,6 +1259,85 @@ def _max_batch(rng: random.Random, seed: int) -> Drill:
            f"(estimate_inference('{model}', seq_len={s}, weights='{weights}', kv_dtype='{kv}'))")
     return Drill("max_batch", seed, q, float(n), "sequences", 0.0, 0.5, "M", 11, how,
                  {"model": model, "weights": weights, "kv_dtype": kv, "seq_len": s, "gpu_memory_gib": mem})
+
+
+_SERVE_GPUS = ("l4", "a10", "rtx-4090", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
+
+
+def _serve_setup(rng: random.Random, users: bool) -> tuple[dict[str, Any], Any]:
+    """Draw a serving setup whose budget leaves KV blocks (and, for ``users``, at least one full request)."""
+    while True:
+        kw: dict[str, Any] = dict(gpu=rng.choice(_SERVE_GPUS), weights=rng.choice(("fp16", "fp16", "int8", "int4")),
+                                  kv_dtype=rng.choice(("fp16", "fp8")), block_size=rng.choice((16, 16, 32)),
+                                  gpu_memory_utilization=rng.choice((0.8, 0.85, 0.9, 0.9, 0.95)))
+        model = rng.choice(_INFER_MODELS)
+        length = rng.choice(_seq_lens(model, (2048, 4096, 8192)))
+        fit = serve(model, max_model_len=length, **kw)
+        if fit.max_concurrent_seqs >= 1 if users else fit.num_blocks > 1:
+            return {"model": model, "max_model_len": length, **kw}, fit
+
+
+def _serve_words(st: dict[str, Any], fit: Any) -> str:
+    gpu = get_gpu(st["gpu"])
+    return (f"A vLLM-style engine serves {st['model']} ({st['weights']} weights, {st['kv_dtype']} KV cache) on one "
+            f"{gpu.full_name} ({fit.gpu_memory_bytes / GiB:.0f} GiB) with gpu_memory_utilization "
+            f"{st['gpu_memory_utilization']} and KV blocks of {st['block_size']} tokens. Count the weights as "
+            f"{fit.weights_bytes / GiB:.2f} GiB, the activation peak of a 2048-token prefill chunk as "
+            f"{fit.activation_bytes / GiB:.2f} GiB, and {(fit.non_torch_bytes + fit.cuda_graph_bytes) / GiB:g} GiB for "
+            "non-torch memory and CUDA graphs.")
+
+
+def _serve_how(st: dict[str, Any], fit: Any) -> str:
+    return (f"kv budget = {st['gpu_memory_utilization']} × {fit.gpu_memory_bytes / GiB:.0f} GiB − "
+            f"{fit.weights_bytes / GiB:.2f} − {fit.activation_bytes / GiB:.2f} − "
+            f"{(fit.non_torch_bytes + fit.cuda_graph_bytes) / GiB:g} GiB = "
+            f"{fit.kv_budget_bytes / GiB:.2f} GiB; a block is {st['block_size']} tokens × "
+            f"{fit.kv_bytes_per_token:,} bytes = {fit.block_bytes / MiB:g} MiB → {fit.num_blocks:,} blocks "
+            f"(serve('{st['model']}', max_model_len={st['max_model_len']}, gpu='{st['gpu']}', "
+            f"weights='{st['weights']}', kv_dtype='{st['kv_dtype']}', block_size={st['block_size']}, "
+            f"gpu_memory_utilization={st['gpu_memory_utilization']}))")
+
+
+@drill_kind("serve_blocks", 11, "KV blocks a vLLM-style engine allocates from its memory budget")
+def _serve_blocks(rng: random.Random, seed: int) -> Drill:
+    st, fit = _serve_setup(rng, users=False)
+    q = _serve_words(st, fit) + " How many KV blocks does it allocate?"
+    return Drill("serve_blocks", seed, q, float(fit.num_blocks), "blocks", 0.01, 1.0, "M", 11, _serve_how(st, fit),
+                 st)
+
+
+@drill_kind("serve_users", 11, "requests of max-model-len tokens a vLLM-style engine holds at once")
+def _serve_users(rng: random.Random, seed: int) -> Drill:
+    st, fit = _serve_setup(rng, users=True)
+    q = (_serve_words(st, fit) + f" How many requests of {st['max_model_len']} tokens fit at once (one block is the "
+         f"pool's null block)?")
+    how = (_serve_how(st, fit) + f"; ⌊({fit.num_blocks:,} − 1) / ⌈{st['max_model_len']} / {st['block_size']}⌉ = "
+           f"{fit.blocks_per_seq}⌋ = {fit.max_concurrent_seqs}")
+    return Drill("serve_users", seed, q, float(fit.max_concurrent_seqs), "requests", 0.0, 1.0, "H", 11, how, st)
+
+
+@drill_kind("decode_latency", 11, "least time of one decode step: bytes moved ÷ memory bandwidth")
+def _decode_latency(rng: random.Random, seed: int) -> Drill:
+    while True:
+        model = rng.choice(_INFER_MODELS)
+        gpu = get_gpu(rng.choice(_SERVE_GPUS))
+        weights = rng.choice(("fp16", "int8", "int4"))
+        b = rng.choice((1, 1, 8, 32, 64))
+        s = rng.choice(_seq_lens(model, (1024, 2048, 4096, 8192)))
+        moved = decode_bytes_per_step(model, batch_size=b, context_len=s, weights=weights)
+        if moved <= 0.9 * gpu.memory_bytes:
+            break
+    w = estimate_inference(model, seq_len=1, weights=weights).weights_bytes
+    ms = 1e3 * moved / gpu.bandwidth_bytes_per_s
+    q = (f"{model} with {weights} weights ({_gb(w, 2)}) and an fp16 KV cache decodes {b} sequence"
+         f"{'s' if b > 1 else ''} with {s} tokens of context{' each' if b > 1 else ''} on one {gpu.full_name} "
+         f"({gpu.bandwidth_gb_s:,.0f} GB/s). Taking the step as memory-bound — every weight and every sequence's "
+         f"KV cache read once — what is the least time per decode step, in ms?")
+    how = (f"(weights {_gb(w, 2)} + KV {b} × {s} × {serve_kv_bytes_per_token(model):,} bytes = "
+           f"{_gb(moved - w, 2)}) ÷ {gpu.bandwidth_gb_s:,.0f} GB/s (decode_latency_s('{model}', gpu='{gpu.name}', "
+           f"batch_size={b}, context_len={s}, weights='{weights}'))")
+    return Drill("decode_latency", seed, q, ms, "ms", 0.05, 0.01, "M", 11, how,
+                 {"model": model, "gpu": gpu.name, "weights": weights, "batch_size": b, "context_len": s})
 
 
 @drill_kind("attention_matrix", 10, "size of one N×N attention matrix per head, per layer or per model")

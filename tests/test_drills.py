@@ -404,3 +404,31 @@ def test_core_does_not_import_torch_or_widgets() -> None:
     code = ("import sys, memlib.drills; "
             "assert 'torch' not in sys.modules and 'ipywidgets' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_serving_questions_and_drills_use_memlib_serve() -> None:
+    from memlib.serve import decode_latency_s, serve
+
+    serving = [q for q in questions(chapter=11) if q.id.startswith("b11-") and int(q.id[4:]) >= 5]
+    topics = {q.topic for q in serving}
+    assert len(serving) >= 10
+    assert {"continuous batching", "PagedAttention", "prefix caching", "chunked prefill", "speculative decoding",
+            "KV quantization", "decode latency", "MBU"} <= topics
+    numbers = answer_numbers()
+    fit = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192)
+    assert numbers["srv_blocks"].value == f"{fit.num_blocks:,}" == "28,321"
+    assert numbers["srv_users"].value == str(fit.max_concurrent_seqs) == "55"
+    for seed in range(5):
+        b = generate("serve_blocks", seed)
+        s = b.settings
+        again = serve(s["model"], max_model_len=s["max_model_len"], gpu=s["gpu"], weights=s["weights"],
+                      kv_dtype=s["kv_dtype"], block_size=s["block_size"],
+                      gpu_memory_utilization=s["gpu_memory_utilization"])
+        assert b.answer == again.num_blocks > 1 and grade(b, f"{again.num_blocks:,} blocks")
+        u = generate("serve_users", seed)
+        assert u.answer >= 1 and u.answer.is_integer()
+        d = generate("decode_latency", seed)
+        s = d.settings
+        ms = 1e3 * decode_latency_s(s["model"], gpu=s["gpu"], batch_size=s["batch_size"],
+                                    context_len=s["context_len"], weights=s["weights"])
+        assert d.answer == pytest.approx(ms) and grade(d, f"{ms:.2f} ms") and not grade(d, f"{2 * ms:.2f} ms")
