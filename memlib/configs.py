@@ -9,7 +9,8 @@ from typing import Any
 
 from .errors import MemlibError
 
-__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len"]
+__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len",
+           "transformers_config"]
 
 #: model_type values memlib understands, and the transformers class each one builds.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
@@ -54,6 +55,10 @@ class ModelConfig:
         resid_dropout: dropout on the residual branches.
         embd_dropout: dropout after the embeddings.
         raw: the config dictionary as read, used to build the transformers model.
+        native: True for the families memlib derives itself (:data:`SUPPORTED_MODEL_TYPES`); False for a
+            model type only transformers knows (``load_config(..., any_family=True)``): its sizes are read
+            from the transformers config class, and only :mod:`memlib.trace` and :func:`memlib.params.count_params`
+            (which builds it on the meta device) accept it.
     """
 
     name: str
@@ -79,6 +84,7 @@ class ModelConfig:
     resid_dropout: float
     embd_dropout: float
     raw: dict[str, Any] = field(repr=False, compare=False, hash=False)
+    native: bool = field(default=True, compare=False)
 
     @property
     def q_dim(self) -> int:
@@ -91,10 +97,21 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
-def shipped_models() -> list[str]:
-    """Names of the configs shipped with memlib (``memlib/configs/*.json``), sorted."""
+#: The shipped configs the book's chapters, widgets and tests iterate over (:func:`shipped_models`' default).
+BOOK_MODELS = ("gemma-2b", "gpt2", "gpt2-large", "gpt2-medium", "gpt2-xl", "llama-2-13b", "llama-2-70b",
+               "llama-2-7b", "llama-3-70b", "llama-3-8b", "llama-7b", "mistral-7b", "qwen2-0.5b")
+
+
+def shipped_models(all_models: bool = False) -> list[str]:
+    """Names of the configs shipped with memlib (``memlib/configs/*.json``), sorted.
+
+    Args:
+        all_models: every shipped config, the current families only transformers builds (qwen3, gemma2, mixtral,
+            deepseek, ...) included; by default the book's set (:data:`BOOK_MODELS`), all of memlib's own families.
+    """
     folder = resources.files("memlib") / "configs"
-    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+    names = sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+    return names if all_models else [n for n in names if n in BOOK_MODELS]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -187,11 +204,79 @@ def check_seq_len(model: ModelConfig, seq_len: int) -> int:
     return seq_len
 
 
-def _from_dict(d: dict[str, Any], name: str) -> ModelConfig:
+def _unsupported(model_type: Any, any_family: bool) -> MemlibError:
+    choices = ", ".join(SUPPORTED_MODEL_TYPES)
+    if any_family:
+        return MemlibError(f"unsupported model_type {model_type!r}; expected one of: {choices}, or a causal-LM "
+                           f"model_type transformers knows; for model states only, give --params N")
+    return MemlibError(f"unsupported model_type {model_type!r}; expected one of: {choices} (memlib trace and "
+                       f"memlib params also take any causal LM transformers knows; --params N for model states only)")
+
+
+def transformers_config(d: dict[str, Any]) -> Any:
+    """The transformers config object of a config dict whose model_type transformers knows as a causal LM.
+
+    Introduced in Chapter 1 (model families). Imports transformers lazily (it is optional: memlib's own
+    families need neither it nor torch).
+
+    Raises:
+        MemlibError: transformers is not installed, does not know the model_type as a causal LM, or rejects
+            the config; the message names the model type, memlib's families and ``--params``.
+    """
+    model_type = d.get("model_type")
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        choices = ", ".join(SUPPORTED_MODEL_TYPES)
+        raise MemlibError(f"model_type {model_type!r} needs transformers (pip install transformers); memlib "
+                          f"itself knows: {choices}; for model states only, give --params N") from None
+    if not isinstance(model_type, str) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise _unsupported(model_type, True)
+    try:
+        return CONFIG_MAPPING[model_type](**{k: v for k, v in d.items() if k != "model_type"})
+    except Exception as e:  # transformers validates its own fields (e.g. heads that do not divide the width)
+        msg = " ".join(str(e).split())
+        raise MemlibError(f"transformers rejects the {model_type} config: {msg}") from None
+
+
+def _from_transformers(d: dict[str, Any], name: str) -> ModelConfig:
+    """A ModelConfig (``native=False``) of a model type only transformers knows, read from its config class."""
+    c = transformers_config(d)
+
+    def attr(*names: str, default: Any = None) -> Any:
+        for n in names:
+            value = getattr(c, n, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return default
+
+    hidden = attr("hidden_size", "n_embd", "d_model")
+    layers = attr("num_hidden_layers", "n_layer", "num_layers")
+    heads = attr("num_attention_heads", "n_head", "num_heads")
+    if hidden is None or layers is None or heads is None:
+        raise MemlibError(f"config of model_type {d.get('model_type')!r} has no hidden_size, num_hidden_layers "
+                          f"or num_attention_heads; for model states only, give --params N")
+    kv_heads = attr("num_key_value_heads", "num_kv_heads", default=1 if getattr(c, "multi_query", False) else heads)
+    head_dim = attr("head_dim", default=hidden // heads)
+    inner = attr("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
+    max_pos = attr("max_position_embeddings", "n_positions", default=2048)
+    return ModelConfig(
+        name=name, model_type=str(d["model_type"]), hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inner, vocab_size=attr("vocab_size", default=0),
+        max_position_embeddings=max_pos, max_positions=max_pos,  # these configs state their scaled length
+        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)), mlp="gated", norm="rmsnorm",
+        qkv_bias=False, out_bias=False, mlp_bias=False, learned_positions=False, embed_scale=False,
+        attn_dropout=0.0, resid_dropout=0.0, embd_dropout=0.0, raw=dict(d), native=False,
+    )
+
+
+def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelConfig:
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        choices = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise MemlibError(f"unsupported model_type {model_type!r}; expected one of: {choices}")
+        if any_family:
+            return _from_transformers(d, name)
+        raise _unsupported(model_type, False)
     hidden = _positive(d, ("hidden_size", "n_embd"))
     layers = _positive(d, ("num_hidden_layers", "n_layer"))
     heads = _positive(d, ("num_attention_heads", "n_head"))
@@ -237,7 +322,7 @@ def _from_dict(d: dict[str, Any], name: str) -> ModelConfig:
     )
 
 
-def load_config(model: str | Path | dict[str, Any] | ModelConfig) -> ModelConfig:
+def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family: bool = False) -> ModelConfig:
     """Load a model configuration.
 
     Introduced in Chapter 1.
@@ -245,6 +330,8 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig) -> ModelConfig
     Args:
         model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), a path to a Hugging Face
             ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
+        any_family: also accept a model_type only transformers knows (``native=False``; needs transformers).
+            The estimators leave it False: they refuse families whose terms memlib has not derived.
 
     Returns:
         The normalized ModelConfig.
@@ -254,9 +341,11 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig) -> ModelConfig
             not divide the hidden size, non-positive sizes.
     """
     if isinstance(model, ModelConfig):
+        if not model.native and not any_family:
+            raise _unsupported(model.model_type, False)
         return model
     if isinstance(model, dict):
-        return _from_dict(model, str(model.get("_name_or_path") or model.get("model_type") or "config"))
+        return _from_dict(model, str(model.get("_name_or_path") or model.get("model_type") or "config"), any_family)
     text = str(model)
     path = Path(text)
     if text.endswith(".json") or path.is_file() or "/" in text:
@@ -264,10 +353,10 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig) -> ModelConfig
             path = path / "config.json"
         if not path.exists():
             raise MemlibError(f"config file {text!r} does not exist")
-        return _from_dict(_read_json(path), path.parent.name if path.name == "config.json" else path.stem)
-    names = shipped_models()
+        return _from_dict(_read_json(path), path.parent.name if path.name == "config.json" else path.stem, any_family)
+    names = shipped_models(all_models=True)
     if text not in names:
         raise MemlibError(f"unknown model {text!r}; expected one of: {', '.join(names)} (or a path to a config.json)")
     folder = resources.files("memlib") / "configs"
     data = json.loads((folder / f"{text}.json").read_text())
-    return _from_dict(data, text)
+    return _from_dict(data, text, any_family)

@@ -63,7 +63,10 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     """Count the parameters of the transformers causal-LM class built from a config.
 
     Introduced in Chapter 1. Equal to ``sum(p.numel() for p in model.parameters())`` of the transformers
-    model (tested for every shipped config).
+    model (tested for every shipped config). memlib's own families (gpt2, llama, mistral, qwen2, gemma) are
+    counted from the config alone, without torch. Any other causal LM transformers knows (qwen3, gemma2/3,
+    phi3, mixtral, deepseek, olmo2, gpt_neox, falcon, ...) is counted from its class built on the meta device
+    (no memory, no download): that needs torch and transformers.
 
     Args:
         model: shipped name, path to a config.json, config dict or ModelConfig.
@@ -71,7 +74,9 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     Returns:
         The count with its breakdown.
     """
-    cfg = load_config(model)
+    cfg = load_config(model, any_family=True)
+    if not cfg.native:
+        return _count_built(cfg)
     h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
     layer = _layer_tensors(cfg)
     embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)
@@ -105,3 +110,45 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
         small_tensor_params=small,
         num_tensors=L * len(layer) + len(other_tensors),
     )
+
+
+def _count_built(cfg: ModelConfig) -> ParamCount:
+    """Count a family memlib does not derive itself from its transformers class built on the meta device.
+
+    The components are read from the modules: norms (a module class named ``*Norm``), attention (under an
+    ``attn``/``attention`` module), embeddings (``nn.Embedding``), the LM head (the output embedding when not
+    tied), MLP (everything else in the layers: experts and routers included). ``per_layer`` is the largest
+    layer (DeepSeek's dense first layers are smaller than its MoE layers).
+    """
+    from .errors import require_torch
+
+    torch = require_torch(f"counting the parameters of model_type {cfg.model_type!r}")
+    from .trace import _decoder_layers, build_model
+
+    net = build_model(cfg, device="meta", dtype="bf16", attention="eager")  # every family has eager attention
+    head = net.get_output_embeddings()
+    head_weight = getattr(head, "weight", None)
+    parts = {"embeddings": 0, "attention": 0, "mlp": 0, "norms": 0, "lm_head": 0}
+    owner: dict[int, tuple[str, Any]] = {}
+    for mod_name, mod in net.named_modules():
+        for p_name, p in mod.named_parameters(recurse=False):
+            owner.setdefault(id(p), (f"{mod_name}.{p_name}", mod))
+    total = small = tensors = 0
+    for p in net.parameters():  # each tensor once (a tied head is the embedding)
+        name, mod = owner[id(p)]
+        n = p.numel()
+        total += n
+        tensors += 1
+        small += n if n < 4096 else 0
+        if "norm" in type(mod).__name__.lower():
+            parts["norms"] += n
+        elif p is head_weight and not isinstance(mod, torch.nn.Embedding):
+            parts["lm_head"] += n
+        elif isinstance(mod, torch.nn.Embedding):
+            parts["embeddings"] += n
+        elif any(k in name for k in ("attn", "attention")):
+            parts["attention"] += n
+        else:
+            parts["mlp"] += n
+    per_layer = max(sum(p.numel() for p in layer.parameters()) for layer in _decoder_layers(net))
+    return ParamCount(params=total, per_layer=per_layer, small_tensor_params=small, num_tensors=tensors, **parts)

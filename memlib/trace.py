@@ -337,6 +337,12 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
     if query.device.type not in ("cpu", "meta"):  # CUDA: PyTorch's own SDPA picks its flash kernel
         return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                               scale=scale, enable_gqa=enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # As torch's own SDPA does before any kernel (convert_boolean_attn_mask): a boolean mask (sliding-window
+        # layers, padding) becomes an additive mask in the query's dtype, made per call and saved for backward;
+        # the CPU flash op refuses a boolean one.
+        additive = torch.zeros_like(attn_mask, dtype=query.dtype)
+        attn_mask = additive.masked_fill_(attn_mask.logical_not(), float("-inf"))
     if query.device.type == "cpu":
         # The CPU flash kernel has no dropout; CUDA's keeps only an RNG state for it, so the memory held is
         # the same without it. (A memory trace, not a numerics check.)
@@ -348,6 +354,37 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
 
 
 _ORIGINAL_SDPA: Any = None  # torch's scaled_dot_product_attention, set while _patched is active
+_ORIGINAL_GROUPED_MM: Any = None  # torch's grouped_mm, set while _patched is active
+
+
+def _meta_grouped_mm(mat_a: Any, mat_b: Any, *, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+    """``torch.nn.functional.grouped_mm`` (MoE experts) on meta tensors of any dtype.
+
+    transformers runs a MoE layer's experts as grouped matrix products over all b·s·k (token, expert) pairs
+    sorted by expert: the tensors' sizes do not depend on how the router splits the tokens, so a meta trace
+    (no values, no routing) holds what any routing holds, balanced routing (b·s·k/E tokens per expert)
+    included. PyTorch's meta kernel accepts only bf16; for fp32/fp16 this autograd function makes outputs and
+    gradients of the same shapes as the real op, saving its two inputs as the real op does.
+    """
+    torch = _torch()
+    if mat_a.device.type != "meta" or (mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16):
+        return _ORIGINAL_GROUPED_MM(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
+
+    function: Any = torch.autograd.Function
+
+    class _GroupedMM(function):
+        @staticmethod
+        def forward(ctx: Any, a: Any, b: Any) -> Any:
+            ctx.save_for_backward(a, b)
+            return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype or a.dtype)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            a, b = ctx.saved_tensors
+            return grad.new_empty(a.shape, dtype=a.dtype), grad.new_empty(b.shape, dtype=b.dtype)
+
+    out = _GroupedMM.apply(mat_a, mat_b)
+    return out if bias is None else out + bias
 
 
 def _fused_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
@@ -373,8 +410,11 @@ def _patched(flash_sdpa: bool) -> Iterator[None]:
     torch = _torch()
     import transformers.masking_utils as masking
 
-    global _ORIGINAL_SDPA
+    global _ORIGINAL_SDPA, _ORIGINAL_GROUPED_MM
     original_sdpa = _ORIGINAL_SDPA = torch.nn.functional.scaled_dot_product_attention
+    original_grouped_mm = _ORIGINAL_GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None)
+    if original_grouped_mm is not None:
+        torch.nn.functional.grouped_mm = _meta_grouped_mm
     original_dropout = torch.nn.functional.dropout
     original_probe = masking.find_packed_sequence_indices
     masking.find_packed_sequence_indices = lambda position_ids: None
@@ -385,6 +425,8 @@ def _patched(flash_sdpa: bool) -> Iterator[None]:
         yield
     finally:
         torch.nn.functional.scaled_dot_product_attention = original_sdpa
+        if original_grouped_mm is not None:
+            torch.nn.functional.grouped_mm = original_grouped_mm
         torch.nn.functional.dropout = original_dropout
         masking.find_packed_sequence_indices = original_probe
 
@@ -408,24 +450,47 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
     torch = _torch()
     check_choice("attention", attention, ("eager", "sdpa"))
     check_choice("dtype", dtype, ("fp32", "bf16", "fp16"))
-    cfg = load_config(model)
-    raw = dict(cfg.raw)
-    raw.update(overrides or {})
-    load_config(raw)  # validate the overridden config
+    cfg = load_config(model, any_family=True)
+    raw = _with_layers(dict(cfg.raw), overrides)
+    load_config(raw, any_family=True)  # validate the overridden config
     try:
         import transformers
     except ImportError:  # pragma: no cover
         raise ImportError("building models needs transformers: pip install transformers") from None
     transformers.logging.set_verbosity_error()
-    config_cls, model_cls = _model_classes(raw["model_type"])
-    hf_cfg = config_cls(**raw)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    native = raw["model_type"] in _CLASSES
+    if native:
+        config_cls, model_cls = _model_classes(raw["model_type"])
+        hf_cfg = config_cls(**raw)
+    else:  # any causal LM transformers knows, through its auto classes
+        from .configs import transformers_config
+
+        hf_cfg = transformers_config(raw)
+        model_cls = None
     hf_cfg._attn_implementation = attention
     hf_cfg.use_cache = False
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    with torch.device(device):
-        net = model_cls._from_config(hf_cfg, attn_implementation=attention)
-    net = net.to(torch_dtype)
+    try:
+        built = _build(native, model_cls if native else None, hf_cfg, attention, device)
+    except ValueError as e:  # transformers refuses an attention implementation the family lacks
+        msg = " ".join(str(e).split())
+        raise MemlibError(f"transformers cannot build model_type {raw['model_type']!r} with attention "
+                          f"{attention!r}: {msg[:160]}") from None
+    net = built.to(torch_dtype)
     net.train()
+    return net
+
+
+def _build(native: bool, model_cls: Any, hf_cfg: Any, attention: str, device: str) -> Any:
+    """Instantiate the causal-LM class (its own class for memlib's families, the auto class otherwise)."""
+    torch = _torch()
+    with torch.device(device):
+        if native:
+            net = model_cls._from_config(hf_cfg, attn_implementation=attention)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            net = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention)
     return net
 
 
@@ -434,6 +499,18 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
 _CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
             "gemma": ("GemmaConfig", "GemmaForCausalLM")}
+
+
+def _with_layers(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` updated with ``overrides``; a new layer count also cuts per-layer lists (``layer_types``) to it."""
+    raw.update(overrides or {})
+    n = (overrides or {}).get("num_hidden_layers")
+    if isinstance(n, int):
+        for key in ("layer_types",):
+            value = raw.get(key)
+            if isinstance(value, list) and len(value) > n and key not in (overrides or {}):
+                raw[key] = value[:n]
+    return raw
 
 
 def _model_classes(model_type: str) -> tuple[Any, Any]:
@@ -504,10 +581,11 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         of the second step, read from the CUDA caching allocator (Chapter 1's lab compares them).
     """
     torch = _torch()
-    cfg = load_config(model)
+    cfg = load_config(model, any_family=True)
     batch_size = check_positive("batch_size", batch_size)
     seq_len = check_positive("seq_len", seq_len)
-    limits = dataclasses.replace(load_config({**cfg.raw, **overrides}), name=cfg.name) if overrides else cfg
+    limits = (dataclasses.replace(load_config({**cfg.raw, **overrides}, any_family=True), name=cfg.name)
+              if overrides else cfg)
     check_seq_len(limits, seq_len)  # transformers would fail on longer inputs (GPT-2: IndexError)
     check_choice("precision", precision, TRACE_PRECISIONS)
     check_choice("optimizer", optimizer, TRACE_OPTIMIZERS)
@@ -520,7 +598,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed)
-    if extrapolate and device == "meta" and num_layers > 5:
+    if extrapolate and device == "meta" and num_layers > 5 and (cfg.native or _identical_layers(cfg, overrides)):
         runs = {}
         for n in (3, 4, 5):
             tracker, _ = _trace_once(cfg, model_hook=model_hook, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
@@ -535,6 +613,27 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
     return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
+
+
+def _identical_layers(cfg: ModelConfig, overrides: dict[str, Any] | None) -> bool:
+    """Whether every decoder layer of the model is built alike (same modules, shapes and settings).
+
+    Extrapolating from 3 to 5 layers assumes it; a model with dense first layers (DeepSeek), MoE every n-th
+    layer or alternating sliding-window and global layers (Gemma 2/3) is traced in full instead. Checked on
+    the full-depth model built on the meta device.
+    """
+    net = build_model(cfg, device="meta", overrides=overrides)
+
+    def signature(layer: Any) -> Any:
+        parts: list[Any] = []
+        for name, mod in layer.named_modules():
+            simple = sorted((k, v) for k, v in vars(mod).items() if not k.startswith("_") and k != "layer_idx"
+                            and isinstance(v, (int, float, str, bool, type(None))))
+            parts.append((name, type(mod).__name__, tuple(simple)))
+        parts.extend((name, tuple(p.shape)) for name, p in layer.named_parameters())
+        return tuple(parts)
+
+    return len({signature(layer) for layer in _decoder_layers(net)}) == 1
 
 
 class _StepOptions(TypedDict):
@@ -652,10 +751,16 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
 
 
 def _decoder_layers(net: Any) -> Any:
-    """The ModuleList of decoder layers of a transformers causal LM (llama-like or GPT-2)."""
+    """The ModuleList of decoder layers of a transformers causal LM (llama-like, GPT-2, or the longest list)."""
+    torch = _torch()
     inner: Any = getattr(net, "model", None) or getattr(net, "transformer", None)
-    layers = getattr(inner, "layers", None)
-    return layers if layers is not None else inner.h
+    layers = getattr(inner, "layers", None) if inner is not None else None
+    if layers is None and inner is not None:
+        layers = getattr(inner, "h", None)
+    if layers is None:  # other families (gpt_neox.layers, ...): the longest ModuleList of the model
+        lists = [m for m in net.modules() if isinstance(m, torch.nn.ModuleList)]
+        layers = max(lists, key=len)
+    return layers
 
 
 def _segment_hooks(net: Any, tracker: MemoryTracker) -> dict[int, Any]:

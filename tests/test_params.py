@@ -26,12 +26,12 @@ def test_published_counts(name: str) -> None:
     assert count_params(name).params == PUBLISHED[name]
 
 
-@pytest.mark.parametrize("name", shipped_models())
+@pytest.mark.parametrize("name", shipped_models(all_models=True))
 def test_counts_equal_transformers(name: str) -> None:
     torch = pytest.importorskip("torch")
     from memlib.trace import build_model
 
-    net = build_model(name, device="meta")
+    net = build_model(name, device="meta", attention="eager")
     tensors = list(net.parameters())
     pc = count_params(name)
     assert pc.params == sum(p.numel() for p in tensors)
@@ -62,8 +62,8 @@ def test_tied_embeddings() -> None:
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ("nosuch-model", "unknown model 'nosuch-model'; expected one of: gemma-2b"),
-        ({"model_type": "bert", "hidden_size": 8}, "unsupported model_type 'bert'; expected one of: gpt2, llama"),
+        ("nosuch-model", "unknown model 'nosuch-model'; expected one of: deepseek-v2-lite"),
+        ({"model_type": "nosuch_lm", "hidden_size": 8}, "unsupported model_type 'nosuch_lm'; expected one of: gpt2, llama"),
         ({**load_config("llama-2-7b").raw, "num_attention_heads": 30}, "num_attention_heads 30 does not divide hidden_size 4096"),
         ({**load_config("llama-2-7b").raw, "hidden_size": -4096}, "'hidden_size' must be a positive integer, got -4096"),
         ({**load_config("llama-2-7b").raw, "num_key_value_heads": 5}, "num_key_value_heads 5 does not divide"),
