@@ -8,8 +8,10 @@ page the checker reports:
 * ``failed-request`` — a local request that failed or answered HTTP >= 400 (a missing script, font, image);
 * ``console-error`` / ``page-error`` — a console error message or an uncaught JavaScript exception;
 * ``image`` — an ``<img>`` that did not load (``naturalWidth == 0``);
-* ``raw-math`` / ``math-error`` — formula text left untypeset (``$$``, ``\\(``, ``\\[``, ``\\begin{``, or a
-  ``.math`` element without MathJax output) or a MathJax TeX error box;
+* ``raw-math`` / ``math-error`` — formula text left untypeset (``$$``, ``\\(``, ``\\[``, ``\\begin{``, ``^{``,
+  ``_{``, ``\\frac`` and other TeX commands in the text outside code and math, or a ``.math`` element without
+  MathJax output) or a MathJax TeX error box;
+* ``code-scroll`` — a code cell or output (``div.highlight pre``) that scrolls sideways instead of wrapping;
 * ``widget`` — an ipywidgets view that rendered nothing (empty or zero-height container);
 * ``link`` — an internal link whose page does not answer HTTP 200, or whose ``#anchor`` is not on that page.
 
@@ -33,8 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Problem", "PageReport", "book_pages", "check_site", "search_finds", "serve",
-           "static_offline_problems"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Problem", "PageReport", "book_pages", "check_site", "navigation_walk",
+           "pages_wider_than", "search_finds", "serve", "static_offline_problems"]
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (apt-get install -y chromium); never a downloaded browser
 CHROMIUM_ARGS = (
@@ -50,7 +52,9 @@ CHROMIUM_ARGS = (
     "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1, EXCLUDE localhost",
 )
 SKIP_DIRS = ("_static", "_sources", "_images", "vendor", "jupyter_execute")
-RAW_MATH = ("$$", "\\(", "\\[", "\\begin{")
+# TeX a reader should never see as text: delimiters, scripts with braces ("ℝ^{N×d}", "S_{ij}") and commands.
+RAW_MATH = ("$$", "\\(", "\\[", "\\begin{", "^{", "_{", "\\frac", "\\sqrt", "\\sum", "\\mathbb", "\\mathrm",
+            "\\text{", "\\ell", "\\times", "\\cdot", "\\le ", "\\lceil")
 PAGE_TIMEOUT_MS = 30_000
 WIDGET_TIMEOUT_MS = 15_000
 
@@ -166,6 +170,14 @@ _INSPECT_JS = """(rawMath) => {
     if (!ok) out.emptyWidgets.push(`widget ${k + 1} of ${views.length} (${s.textContent.slice(0, 60)})`);
   });
   for (const a of document.querySelectorAll('a[href]')) out.links.push(a.href);
+  // Code cells and outputs wrap (the book's _static/book.css); one that scrolls sideways is reported.
+  out.scrolling = [];
+  for (const p of document.querySelectorAll('div.highlight pre')) {
+    if (p.scrollWidth > p.clientWidth + 1) {
+      const line = p.textContent.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+      out.scrolling.push(`${p.scrollWidth} px in a ${p.clientWidth} px column: ${JSON.stringify(line.slice(0, 80))}`);
+    }
+  }
   return out;
 }"""
 
@@ -240,6 +252,8 @@ def _check_page(context, root: Path, base: str, page: str, screenshot: Path | No
         add("math-error", err)
     for w in info["emptyWidgets"]:
         add("widget", f"empty: {w}")
+    for detail in info.get("scrolling", ()):
+        add("code-scroll", detail)
     report.images, report.math, report.widgets = info["nimages"], info["math"], info["widgets"]
     report.links = {u for u in info["links"] if urllib.parse.urlsplit(u).netloc == origin}
     return report
@@ -342,6 +356,152 @@ def search_finds(root: Path, word: str) -> int:
                 context.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
+
+
+# What a reader can see of the navigation: visible toggles and search controls, and the sidebar dialogs.
+_NAV_STATE_JS = """() => {
+  const shown = e => { const r = e.getBoundingClientRect(); const s = getComputedStyle(e);
+    return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && r.bottom > 0 && r.right > 0
+      && r.top < innerHeight && r.left < innerWidth; };
+  const all = sel => Array.from(document.querySelectorAll(sel)).filter(shown);
+  const dialog = id => document.getElementById(id);
+  const links = id => { const d = dialog(id); return d && d.open ? Array.from(d.querySelectorAll('a[href]'))
+    .filter(shown).map(a => a.getAttribute('href')) : []; };
+  const header = document.getElementById('pst-header');
+  return {
+    primaryToggles: all('.primary-toggle').length,
+    secondaryToggles: all('.secondary-toggle').length,
+    searchControls: all('.search-button-field, .search-button, form.bd-search input').map(e => {
+      const r = e.getBoundingClientRect(); return {top: Math.round(r.top), left: Math.round(r.left)}; }),
+    headerHeight: header ? Math.round(header.getBoundingClientRect().height) : 0,
+    primaryOpen: !!(dialog('pst-primary-sidebar-modal') || {}).open,
+    primaryLinks: links('pst-primary-sidebar-modal'),
+    primaryRight: dialog('pst-primary-sidebar-modal') ? dialog('pst-primary-sidebar-modal').getBoundingClientRect().right : 0,
+    secondaryOpen: !!(dialog('pst-secondary-sidebar-modal') || {}).open,
+    secondaryLinks: links('pst-secondary-sidebar-modal'),
+    searchOpen: !!(dialog('pst-search-dialog') || {}).open,
+  };
+}"""
+
+
+def navigation_walk(root: Path, page: str, width: int, height: int = 900,
+                    screenshot: Path | None = None) -> dict[str, object]:
+    """Use ``page``'s navigation at ``width`` px as a reader would, offline; return what was seen at each step.
+
+    The steps (each key holds the state from ``_NAV_STATE_JS``): ``loaded``; ``toc_open`` after a click on the
+    visible ☰ button (``screenshot`` is taken then); ``toc_closed_by_escape``; ``toc_closed_by_backdrop`` after
+    reopening it and clicking beside it; ``contents_open`` after a click on the visible "Contents" button (only
+    where one is visible) and ``contents_closed``; ``search_open`` after a click on the visible search control;
+    ``followed`` is the link and the URL reached by clicking the first other page in the reopened table of contents.
+    A step whose button is missing or does nothing is recorded as it is, for the test to judge.
+    """
+    from playwright.sync_api import sync_playwright
+
+    steps: dict[str, object] = {}
+    profile = Path(tempfile.mkdtemp(prefix="book-chromium-"))
+    try:
+        with serve(Path(root)) as base, sync_playwright() as pw:
+            context = pw.chromium.launch_persistent_context(
+                str(profile), executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_ARGS),
+                viewport={"width": width, "height": height}, service_workers="block")
+            try:
+                pg = context.new_page()
+                pg.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base) else r.abort())
+                pg.goto(base + page, wait_until="load", timeout=PAGE_TIMEOUT_MS)
+                pg.wait_for_timeout(500)  # the theme's deferred script wires the buttons after load
+                state = lambda: pg.evaluate(_NAV_STATE_JS)  # noqa: E731
+
+                def click(selector: str) -> None:
+                    buttons = pg.locator(f"{selector} >> visible=true")
+                    if buttons.count():
+                        buttons.first.click(timeout=5_000)
+                    pg.wait_for_timeout(400)
+
+                steps["loaded"] = state()
+                click(".primary-toggle")
+                steps["toc_open"] = state()
+                if screenshot is not None:
+                    screenshot.parent.mkdir(parents=True, exist_ok=True)
+                    pg.screenshot(path=str(screenshot))
+                pg.keyboard.press("Escape")
+                pg.wait_for_timeout(400)
+                steps["toc_closed_by_escape"] = state()
+                click(".primary-toggle")
+                opened = state()
+                if opened["primaryOpen"]:
+                    pg.mouse.click(min(width - 5, opened["primaryRight"] + 40), height // 2)
+                    pg.wait_for_timeout(400)
+                steps["toc_closed_by_backdrop"] = state()
+                if steps["loaded"]["secondaryToggles"]:
+                    click(".secondary-toggle")
+                    steps["contents_open"] = state()
+                    pg.keyboard.press("Escape")
+                    pg.wait_for_timeout(400)
+                    steps["contents_closed"] = state()
+                click(".search-button-field, .search-button")
+                steps["search_open"] = state()
+                pg.keyboard.press("Escape")
+                pg.wait_for_timeout(400)
+                click(".primary-toggle")
+                chapter = pg.locator("#pst-primary-sidebar-modal li.toctree-l1:not(.current) > a >> visible=true")
+                if chapter.count():
+                    href = chapter.first.get_attribute("href")
+                    with pg.expect_navigation(timeout=PAGE_TIMEOUT_MS):
+                        chapter.first.click()
+                    steps["followed"] = {"href": href, "url": pg.url.removeprefix(base)}
+            finally:
+                context.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    return steps
+
+
+_WIDEST_JS = """() => {
+  const W = document.documentElement.clientWidth, out = [];
+  for (const e of document.querySelectorAll('.bd-main *')) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 || r.right <= W + 1) continue;
+    let a = e.parentElement, clipped = false;  // inside a box that scrolls on its own (a table, a formula): fine
+    while (a && a !== document.body) {
+      if (getComputedStyle(a).overflowX !== 'visible' && a.getBoundingClientRect().right <= W + 1) { clipped = true; break; }
+      a = a.parentElement;
+    }
+    if (!clipped) out.push(`<${e.tagName.toLowerCase()} class="${String(e.className).slice(0, 40)}"> ends at ${Math.round(r.right)} px: `
+                           + JSON.stringify((e.textContent || '').trim().slice(0, 60)));
+  }
+  return {width: document.documentElement.scrollWidth, culprits: out.slice(-3)};
+}"""
+
+
+def pages_wider_than(root: Path, pages: Sequence[str], width: int = 390) -> list[Problem]:
+    """Pages that scroll sideways at ``width`` px (a phone), each with the innermost elements that stick out."""
+    from playwright.sync_api import sync_playwright
+
+    problems: list[Problem] = []
+    profile = Path(tempfile.mkdtemp(prefix="book-chromium-"))
+    try:
+        with serve(Path(root)) as base, sync_playwright() as pw:
+            context = pw.chromium.launch_persistent_context(
+                str(profile), executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_ARGS),
+                viewport={"width": width, "height": 900}, service_workers="block")
+            try:
+                pg = context.new_page()
+                pg.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base) else r.abort())
+                for page in pages:
+                    if _REDIRECT.search((Path(root) / page).read_text(encoding="utf-8", errors="replace")):
+                        continue
+                    pg.goto(base + page, wait_until="load", timeout=PAGE_TIMEOUT_MS)
+                    pg.evaluate("async () => { if (window.MathJax && MathJax.startup && MathJax.startup.promise) "
+                                "await MathJax.startup.promise; await document.fonts.ready; }")
+                    seen = pg.evaluate(_WIDEST_JS)
+                    if seen["width"] > width:
+                        problems.append(Problem(page, "too-wide", f"{seen['width']} px wide at {width} px; "
+                                                + "; ".join(seen["culprits"])))
+            finally:
+                context.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:

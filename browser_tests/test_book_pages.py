@@ -5,8 +5,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
-from checker import book_pages, search_finds, static_offline_problems
+from checker import book_pages, navigation_walk, pages_wider_than, search_finds, static_offline_problems
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -16,6 +17,19 @@ def test_every_page_renders_offline(book_check) -> None:
     kinds = Counter(p.kind for p in problems)
     assert not problems, (f"{len(problems)} problems on {len({p.page for p in problems})} of {len(reports)} pages "
                           f"({dict(kinds)}):\n" + "\n".join(map(str, problems)))
+
+
+def test_no_untypeset_tex_on_any_page(book_check) -> None:
+    """No TeX left as text ("ℝ^{N×d}", "\\frac", "$$") outside code and typeset math, and no MathJax error."""
+    _, problems = book_check
+    tex = [p for p in problems if p.kind in ("raw-math", "math-error")]
+    assert not tex, "\n".join(map(str, tex))
+
+
+def test_code_wraps_instead_of_scrolling_sideways(book_check) -> None:
+    _, problems = book_check
+    scrolling = [p for p in problems if p.kind == "code-scroll"]
+    assert not scrolling, "\n".join(map(str, scrolling))
 
 
 def test_every_toc_page_was_checked(book_check, site: Path) -> None:
@@ -54,3 +68,48 @@ def test_search_page_finds_a_word(site: Path) -> None:
     assert (site / "searchindex.js").is_file()
     assert search_finds(site, "activation") > 0
     assert search_finds(site, "zzqxjvk") == 0
+
+
+def _chapter_page(site: Path) -> str:
+    return next(p for p in book_pages(site) if p.startswith("chapters/01_"))
+
+
+@pytest.mark.parametrize("width", [390, 800])
+def test_table_of_contents_opens_and_closes_at_phone_and_tablet_width(site: Path, screenshot_dir: Path,
+                                                                       width: int) -> None:
+    """Below 992 px the ☰ button opens the book's table of contents (a dialog), Esc or a tap beside it closes
+    it, a chapter link in it works; the "Contents" button opens the page's sections; one search control."""
+    shot = screenshot_dir / f"toc-open-{width}px.png"
+    steps = navigation_walk(site, _chapter_page(site), width, screenshot=shot)
+    loaded, opened = steps["loaded"], steps["toc_open"]
+    assert loaded["primaryToggles"] == 1 and loaded["secondaryToggles"] == 1, loaded
+    assert not loaded["primaryOpen"] and not loaded["primaryLinks"], "the table of contents shows before the click"
+    assert opened["primaryOpen"], f"the ☰ button did not open the table of contents at {width} px"
+    assert len(opened["primaryLinks"]) >= 5 and any(h.endswith(".html") for h in opened["primaryLinks"]), opened
+    for step in ("toc_closed_by_escape", "toc_closed_by_backdrop"):
+        assert not steps[step]["primaryOpen"] and not steps[step]["primaryLinks"], f"{step}: still open"
+    assert steps["contents_open"]["secondaryOpen"] and steps["contents_open"]["secondaryLinks"], \
+        "the Contents button did not open the page's sections"
+    assert not steps["contents_closed"]["secondaryOpen"]
+    assert len(loaded["searchControls"]) == 1, f"search controls at {width} px: {loaded['searchControls']}"
+    assert steps["search_open"]["searchOpen"], "the search control did not open the search box"
+    followed = steps.get("followed")
+    assert followed and followed["url"].endswith(followed["href"].split("/")[-1]), f"chapter link: {followed}"
+    assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_one_search_box_in_the_desktop_header(site: Path) -> None:
+    """At 1400 px the page shows exactly one search box, at the top (no second, empty header bar)."""
+    steps = navigation_walk(site, _chapter_page(site), 1400)
+    loaded = steps["loaded"]
+    assert loaded["headerHeight"] == 0, f"an extra top header bar of {loaded['headerHeight']} px"
+    assert len(loaded["searchControls"]) == 1, f"search boxes at 1400 px: {loaded['searchControls']}"
+    assert loaded["searchControls"][0]["top"] < 150, f"the search box is not at the top: {loaded['searchControls']}"
+    assert steps["search_open"]["searchOpen"], "the search box did not open the search dialog"
+
+
+def test_no_page_scrolls_sideways_at_phone_width(site: Path) -> None:
+    """At 390 px every page fits the screen: code wraps, long inline code and URLs break, wide formulas and
+    tables scroll inside their own box."""
+    problems = pages_wider_than(site, book_pages(site), 390)
+    assert not problems, "\n".join(map(str, problems))

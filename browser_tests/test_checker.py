@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from checker import check_site, static_offline_problems
+from checker import check_site, navigation_walk, pages_wider_than, static_offline_problems
 
 REPO = Path(__file__).resolve().parents[1]
 MATHJAX = REPO / "vendor" / "site" / "vendor" / "mathjax"
@@ -20,6 +20,7 @@ GOOD = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>good</title>
 <h1 id="top">Good</h1>
 <p>Inline <span class="math notranslate nohighlight">\\(E = mc^2\\)</span> and an image <img src="dot.png" alt="dot">.</p>
 <div class="math notranslate nohighlight">\\[\\sum_i x_i\\]</div>
+<div class="highlight"><pre>x_{i} = a^{2} / \\frac  # TeX-like text inside code is code, not an untypeset formula</pre></div>
 <p><a href="other.html#part">same site, existing anchor</a> <a href="#top">top</a>
 <a href="https://example.org/paper.pdf">a paper (a hyperlink, never fetched)</a></p>
 </body></html>"""
@@ -32,6 +33,8 @@ BROKEN = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>broken</titl
 <p>Missing image <img src="missing.png" alt="missing"> and an external one
 <img src="https://example.com/logo.png" alt="external">.</p>
 <p>Raw display math $$x^2$$ and inline <span class="math notranslate nohighlight">\\(y\\)</span>.</p>
+<p>Untypeset Q ∈ ℝ^{N×d}, then P_{ij} = \\frac{a}{b}.</p>
+<div class="highlight"><pre>long_line = "LONG_LINE_THAT_DOES_NOT_WRAP_________________________________________________________________________________________________________________________________________________________________"</pre></div>
 <div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">
 {"model_id": "abc", "version_major": 2, "version_minor": 0}</script></div>
 <p><a href="nowhere.html">dead link</a> <a href="other.html#no-such-anchor">dead anchor</a></p>
@@ -68,6 +71,10 @@ def broken(tmp_path_factory: pytest.TempPathFactory):
     ("image", "missing.png"),
     ("raw-math", "$$x^2$$"),                        # TeX left as text
     ("raw-math", ".math elements have no MathJax output"),
+    ("raw-math", "ℝ^{N×d}"),                        # a TeX superscript left as text (chapter 10's old prose)
+    ("raw-math", "P_{ij}"),                         # a subscript with braces
+    ("raw-math", "\\\\frac{a}{b}"),                   # a TeX command (JSON-quoted in the report)
+    ("code-scroll", "LONG_LINE_THAT_DOES_NOT_WRAP"),  # a code block that scrolls sideways
     ("widget", "empty"),                            # a widget view nobody rendered
     ("link", "nowhere.html -> HTTP 404"),
     ("link", "no-such-anchor"),
@@ -90,3 +97,20 @@ def test_sound_page_passes_with_self_hosted_mathjax(tmp_path: Path) -> None:
     assert problems == []
     assert reports[0].math == 2 and reports[0].images == 1 and len(reports[0].links) == 2  # local links only
     assert static_offline_problems(root) == []
+
+
+# A ☰ button nobody wired (what the theme's extra header left below 992 px), and a page wider than a phone.
+DEAD_MENU = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>dead menu</title></head><body>
+<button class="primary-toggle">menu</button><button class="search-button">search</button>
+<dialog id="pst-primary-sidebar-modal"><nav><ul><li class="toctree-l1"><a href="other.html">Other</a></li></ul></nav></dialog>
+<main class="bd-main"><p><code>""" + "x" * 200 + """</code></p></main></body></html>"""
+
+
+def test_dead_menu_and_wide_page_are_seen(tmp_path: Path) -> None:
+    root = _site(tmp_path, {"dead.html": DEAD_MENU, "other.html": OTHER})
+    steps = navigation_walk(root, "dead.html", 390)
+    assert steps["loaded"]["primaryToggles"] == 1 and len(steps["loaded"]["searchControls"]) == 1
+    assert not steps["toc_open"]["primaryOpen"] and not steps["toc_open"]["primaryLinks"]
+    assert not steps["search_open"]["searchOpen"] and "followed" not in steps
+    problems = pages_wider_than(root, ["dead.html", "other.html"], 390)
+    assert [p.page for p in problems] == ["dead.html"] and "xxxxxxxx" in problems[0].detail, problems
