@@ -293,6 +293,10 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
 
     total = (weights + KV + activations) × (1 + fragmentation) + CUDA context, the reserve policy of
     :func:`reserve_bytes`. The one serving-fit function: the planner's inference path (Chapter 13) calls it.
+    It sizes a ``model.generate``-style server (a contiguous cache for ``batch_size`` × ``seq_len`` tokens);
+    Chapter 14's :func:`memlib.serve.serve` sizes a vLLM-style engine from the same terms (these weights,
+    :func:`forward_activation_bytes`, KV bytes per token, :func:`check_tensor_parallel`), budgeted the engine's
+    way: a utilization share of the GPU, the rest pre-allocated as KV blocks.
     With ``tensor_parallel`` × ``pipeline_parallel`` GPUs the terms are per GPU: weights and KV cache of
     ceil(L / pipeline_parallel) layers, split over ``tensor_parallel`` GPUs (KV heads replicated where the
     degree exceeds them), activations as in :func:`forward_activation_bytes`, a CUDA context on each GPU.
