@@ -460,16 +460,18 @@ _WIDEST_JS = """() => {
   const W = document.documentElement.clientWidth, out = [];
   for (const e of document.querySelectorAll('.bd-main *')) {
     const r = e.getBoundingClientRect();
-    if (r.width === 0 || r.right <= W + 1) continue;
+    if (r.width === 0 || r.right <= W + 1 || e.closest('.bd-sidebar-secondary')) continue;  // (off-canvas)
     let a = e.parentElement, clipped = false;  // inside a box that scrolls on its own (a table, a formula): fine
     while (a && a !== document.body) {
       if (getComputedStyle(a).overflowX !== 'visible' && a.getBoundingClientRect().right <= W + 1) { clipped = true; break; }
       a = a.parentElement;
     }
-    if (!clipped) out.push(`<${e.tagName.toLowerCase()} class="${String(e.className).slice(0, 40)}"> ends at ${Math.round(r.right)} px: `
-                           + JSON.stringify((e.textContent || '').trim().slice(0, 60)));
+    if (!clipped) out.push(e);
   }
-  return {width: document.documentElement.scrollWidth, culprits: out.slice(-3)};
+  const innermost = out.filter(e => !out.some(d => d !== e && e.contains(d)));
+  return {width: document.documentElement.scrollWidth, culprits: innermost.slice(0, 3).map(e =>
+    `<${e.tagName.toLowerCase()} class="${String(e.className).slice(0, 40)}"> ends at `
+    + `${Math.round(e.getBoundingClientRect().right)} px: ${JSON.stringify((e.textContent || '').trim().slice(0, 60))}`)};
 }"""
 
 
