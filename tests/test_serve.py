@@ -161,6 +161,8 @@ def test_cli_serve_text_and_not_fitting(capsys: pytest.CaptureFixture) -> None:
     (["--gpu", "h100", "--max-model-len", "8192", "--draft", "gpt2", "--num-speculative-tokens", "3"],
      "same vocabulary"),
     (["--max-model-len", "8192"], "give --gpu NAME or --gpu-mem SIZE"),
+    (["--gpu", "h1000", "--max-model-len", "8192"], "unknown GPU 'h1000'; expected one of:"),
+    (["--gpu", "h100", "--max-model-len", "8192", "--prefix-cache-hit-rate", "1"], "outside [0, 1)"),
 ])
 def test_cli_serve_bad_input_exit_2(args: list[str], pattern: str) -> None:
     res = subprocess.run([sys.executable, "-m", "memlib", "serve", "llama-3-8b", *args], capture_output=True,
