@@ -19,6 +19,7 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "gemma": "GemmaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 _GATED_ACTS = {"silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new"}
@@ -32,7 +33,8 @@ class ModelConfig:
 
     Attributes:
         name: shipped name or file stem.
-        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma).
+        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma, qwen3; any other with
+            ``native=False``).
         hidden_size: model width h.
         num_layers: number of transformer blocks L.
         num_heads: query heads a.
@@ -282,12 +284,12 @@ def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelC
     heads = _positive(d, ("num_attention_heads", "n_head"))
     kv_heads = _positive(d, ("num_key_value_heads",), heads)
     explicit_head_dim = d.get("head_dim")
-    if explicit_head_dim is None and hidden % heads != 0:
+    if explicit_head_dim is None and hidden % heads != 0 and model_type != "qwen3":
         raise MemlibError(
             f"num_attention_heads {heads} does not divide hidden_size {hidden}; "
             f"choose heads among the divisors of {hidden} or give head_dim"
         )
-    head_dim = _positive(d, ("head_dim",), hidden // heads)
+    head_dim = _positive(d, ("head_dim",), 128 if model_type == "qwen3" else hidden // heads)  # Qwen3Config: 128
     if heads % kv_heads != 0:
         raise MemlibError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
     vocab = _positive(d, ("vocab_size",))
@@ -312,7 +314,9 @@ def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelC
     return ModelConfig(
         name=name, model_type=model_type, hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=_positive(d, ("intermediate_size",)),
-        vocab_size=vocab, max_position_embeddings=(n_pos := _positive(d, ("max_position_embeddings",), 2048)),
+        vocab_size=vocab,
+        max_position_embeddings=(n_pos := _positive(d, ("max_position_embeddings",),
+                                                    32768 if model_type == "qwen3" else 2048)),
         max_positions=_scaled_positions(d, n_pos),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", default_tie)), mlp="gated", norm="rmsnorm",
         qkv_bias=model_type == "qwen2" or bool(d.get("attention_bias", False)),

@@ -256,6 +256,20 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
             add("attention output (contiguous, o_proj input)", e * T * q, f"{e}·bs·a·d")
         add("MLP gate, up, activation, product", 4 * e * T * f, f"4·{e}·bsf")
         add("final RMSNorm", 4 * T * h + 2 * e * T * h + 4 * T, f"(4 + 2·{e})·bsh + 4·bs", per_layer=False)
+        if cfg.model_type == "qwen3":
+            # Qwen3's q_norm and k_norm (RMSNorm over each head, before rotary) keep, like every RMSNorm, their fp32
+            # input, the rsqrt per head and the normalized 16-bit tensor (for the weight's gradient); their output
+            # feeds rotary, which keeps nothing of it.
+            a_kv = cfg.num_kv_heads
+            add("q_norm, k_norm: fp32 inputs, normalized, rsqrt", (4 + e) * T * (q + kv) + 4 * T * (a + a_kv),
+                f"(4 + {e})·bs(a + a_kv)·d + 4·bs(a + a_kv)")
+        if cfg.model_type == "gemma":
+            # GemmaRMSNorm multiplies in fp32: output = norm(x.float()) * (1.0 + weight.float()); the product's
+            # backward keeps the fp32 normalized tensor (4 bytes, not the 16-bit copy counted above) and the fp32
+            # (1 + w); the output is cast back to the activation dtype.
+            extra = (4 - e) * T * h + 4 * h
+            add("Gemma RMSNorm fp32 normalized and (1 + w) ×2", 2 * extra, f"2·((4 − {e})·bsh + 4h)")
+            add("Gemma final RMSNorm fp32 normalized and (1 + w)", extra, f"(4 − {e})·bsh + 4h", per_layer=False)
         add("rotary cos, sin", 2 * e * s * d, f"2·{e}·s·d", per_layer=False)
     add("log-softmax of the fp32 logits", 4 * T * V, "4·bsV", per_layer=False)
     add("input ids and labels", 16 * T, "16·bs", per_layer=False)

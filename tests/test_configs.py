@@ -119,28 +119,51 @@ def test_count_breakdown_adds_up_for_other_families() -> None:
 
 
 def test_native_families_keep_their_own_counter() -> None:
-    assert load_config("llama-3.1-8b").native and not load_config("qwen3-8b", any_family=True).native
+    assert load_config("llama-3.1-8b").native and load_config("qwen3-8b").native
+    assert not load_config("mixtral-8x7b", any_family=True).native
     assert load_config("llama-3.1-8b").max_positions == 131_072  # llama3 rope scaling: 8 × 8,192 stated already
+    assert load_config({**TINY["qwen3"], "head_dim": None}).head_dim == 128  # Qwen3Config's default
 
 
 def test_estimator_refuses_families_it_has_not_derived() -> None:
-    with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'qwen3'; expected one of: gpt2, llama, "
-                                                 r"mistral, qwen2, gemma \(memlib trace"):
-        estimate_training("qwen3-8b")
+    with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'mixtral'; expected one of: gpt2, llama, "
+                                                 r"mistral, qwen2, gemma, qwen3 \(memlib trace"):
+        estimate_training("mixtral-8x7b")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed", "fp32"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_qwen3_estimate_equals_trace(precision: str, attention: str) -> None:
+    # q_norm and k_norm keep their fp32 inputs, rsqrt and normalized outputs: the only terms Qwen3 adds to Llama
+    for batch, seq in ((1, 512), (4, 2048)):
+        kw = dict(batch_size=batch, seq_len=seq, precision=precision, attention=attention)
+        est = estimate_training("qwen3-8b", **kw)
+        traced = trace_training("qwen3-8b", **kw)
+        assert abs(est.total_bytes - traced.peak_bytes) <= 1e-4 * traced.peak_bytes
+        assert est.peak_phase == traced.peak_phase
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_gemma_fp32_norm_copies_are_estimated(precision: str, attention: str) -> None:
+    # GemmaRMSNorm multiplies by (1 + w) in fp32: its fp32 normalized tensor is kept, ≈ (4 − 2)·b·s·h per norm
+    kw = dict(batch_size=2, seq_len=1024, precision=precision, attention=attention)
+    est = estimate_training("gemma-2b", **kw)
+    assert abs(est.total_bytes - trace_training("gemma-2b", **kw).peak_bytes) <= 1e-5 * est.total_bytes
 
 
 def test_unknown_model_type_names_the_families_and_params(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = {"model_type": "nosuch_lm", "hidden_size": 8}
     with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'nosuch_lm'; expected one of: gpt2, "
-                                                 r"llama, mistral, qwen2, gemma, or a causal-LM model_type "
+                                                 r"llama, mistral, qwen2, gemma, qwen3, or a causal-LM model_type "
                                                  r"transformers knows; for model states only, give --params N"):
         trace_training(bad)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(bad))
     with pytest.raises(memlib.MemlibError, match="unsupported model_type 'nosuch_lm'"):
         count_params(path)
-    with pytest.raises(memlib.MemlibError, match="transformers rejects the qwen3 config"):
-        count_params({**TINY["qwen3"], "num_attention_heads": 3, "head_dim": None})
+    with pytest.raises(memlib.MemlibError, match="transformers rejects the gpt_neox config: .*not divisible"):
+        count_params({**TINY["gpt_neox"], "num_attention_heads": 3})
 
 
 def test_build_model_of_another_family() -> None:
