@@ -240,10 +240,18 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
         add("RMSNorm normalized and weighted outputs ×2", 2 * 2 * e * T * h, f"2·2·{e}·bsh")
         add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
         rep = cfg.num_heads // cfg.num_kv_heads
+        window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
         if attention == "sdpa":
             add("q, k after rotary; v", e * T * (q + 2 * kv), f"{e}·bs(a+2·a_kv)·d")
             add("attention output", e * T * q, f"{e}·bs·a·d")
             add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
+            if isinstance(window, int) and s >= window:
+                # A sliding window no longer than the sequence makes transformers pass a boolean (b, 1, s, s) mask;
+                # torch's SDPA turns it into an additive mask in the activation dtype, which every layer's kernel
+                # keeps for backward; with a mask transformers also repeats k and v to all heads (GQA).
+                add("sliding-window additive mask", e * b * s * s, f"{e}·bs²")
+                if rep > 1:
+                    add("k, v repeated to all heads (mask given)", 2 * e * T * (q - kv), f"2·{e}·bs(a − a_kv)·d")
         else:
             kv_saved = q if rep > 1 else kv  # repeat_kv makes full-size copies of k and v for GQA/MQA
             add("q after rotary; k, v (repeated for GQA)", e * T * (q + 2 * kv_saved),

@@ -347,10 +347,15 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
         # The CPU flash kernel has no dropout; CUDA's keeps only an RNG state for it, so the memory held is
         # the same without it. (A memory trace, not a numerics check.)
         dropout_p = 0.0
+    dv = value.shape[-1]
+    if dv != query.shape[-1]:
+        # MLA (DeepSeek) has value heads narrower than query/key heads; the flash op wants one head width, so v
+        # is zero-padded and the output cut back (a limitation: v and the output are kept at the q/k width).
+        value = torch.nn.functional.pad(value, (0, query.shape[-1] - dv))
     out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
     )
-    return out
+    return out if out.shape[-1] == dv else out[..., :dv]
 
 
 _ORIGINAL_SDPA: Any = None  # torch's scaled_dot_product_attention, set while _patched is active

@@ -169,3 +169,24 @@ def test_unknown_model_type_names_the_families_and_params(tmp_path) -> None:  # 
 def test_build_model_of_another_family() -> None:
     net = build_model(TINY["olmo2"], device="meta", dtype="bf16")
     assert type(net).__name__ == "Olmo2ForCausalLM" and net.training
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_sliding_window_sdpa_mask_is_estimated(precision: str) -> None:
+    # From seq_len = window on, each layer keeps an additive (b, 1, s, s) mask and k, v repeated to all heads
+    for batch, seq in ((1, 4095), (1, 4096), (2, 8192)):
+        kw = dict(batch_size=batch, seq_len=seq, precision=precision, attention="sdpa")
+        est = estimate_training("mistral-7b", **kw)
+        traced = trace_training("mistral-7b", **kw)
+        assert abs(est.total_bytes - traced.peak_bytes) <= 1e-5 * traced.peak_bytes
+    terms = {t.name: t.bytes for t in memlib.estimate.activation_terms("mistral-7b", batch_size=1, seq_len=4096)}
+    assert terms["sliding-window additive mask"] == 2 * 4096**2
+    assert "sliding-window additive mask" not in {t.name for t in memlib.estimate.activation_terms(
+        "mistral-7b", batch_size=1, seq_len=4095)}
+
+
+def test_mla_with_narrower_value_heads_traces() -> None:
+    # DeepSeek's MLA: q/k heads are qk_nope + qk_rope wide, v heads v_head_dim (narrower)
+    cfg = {**TINY["deepseek_v3"], "qk_nope_head_dim": 16}
+    kw = dict(batch_size=2, seq_len=32, precision="bf16", attention="sdpa")
+    assert trace_training(cfg, **kw).peak_bytes == trace_training(cfg, device="cpu", **kw).peak_bytes
