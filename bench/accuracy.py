@@ -2,23 +2,119 @@
 
 Prints a table (bf16, adamw, batch 1 and 4, seq 512 and 2048 — or the model's maximum positions where that is
 shorter, e.g. GPT-2's 1024 — eager and sdpa, no recomputation) and the median and max absolute error. Targets: median ≤ 3 %, max ≤ 8 %. Run: python bench/accuracy.py
+
+``--families``: every model family memlib traces (its own and those transformers builds: qwen3, gemma2/3, phi3,
+mixtral, qwen2_moe, deepseek, olmo2, gpt_neox, falcon), tiny configs traced on meta and on real CPU tensors,
+estimated where memlib derives the family; ``--current`` adds the shipped current models traced on meta.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+from typing import Any
 
 from memlib.configs import load_config, shipped_models
 from memlib.dtypes import GB
+from memlib.errors import MemlibError
 from memlib.estimate import estimate_training
+from memlib.params import count_params
 from memlib.trace import trace_training
+
+
+#: Tiny configs of the families memlib traces through transformers (no download): traced on meta and on real
+#: CPU tensors (the trace's own check), and estimated where memlib derives the family's terms.
+TINY_BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+TINY_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {**TINY_BASE, "model_type": "llama"},
+    "gemma": {**TINY_BASE, "model_type": "gemma", "head_dim": 16, "num_key_value_heads": 1},
+    "mistral (window 32)": {**TINY_BASE, "model_type": "mistral", "sliding_window": 32},
+    "qwen3": {**TINY_BASE, "model_type": "qwen3", "head_dim": 16},
+    "gemma2": {**TINY_BASE, "model_type": "gemma2", "head_dim": 16, "sliding_window": 32},
+    "gemma3_text": {**TINY_BASE, "model_type": "gemma3_text", "head_dim": 16, "sliding_window": 32},
+    "phi3": {**TINY_BASE, "model_type": "phi3", "pad_token_id": 0},
+    "mixtral": {**TINY_BASE, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {**TINY_BASE, "model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
+    "deepseek_v3": {**TINY_BASE, "model_type": "deepseek_v3", "num_key_value_heads": 4, "n_routed_experts": 4,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8,
+                    "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 2, "topk_group": 1},
+    "olmo2": {**TINY_BASE, "model_type": "olmo2", "pad_token_id": 0},
+    "gpt_neox": {**TINY_BASE, "model_type": "gpt_neox", "num_key_value_heads": 4},
+    "falcon": {**TINY_BASE, "model_type": "falcon", "num_key_value_heads": 4},
+}
+
+
+def _estimate_or_none(model: Any, **kw: Any) -> Any:
+    """memlib's estimate, or None for a family whose terms memlib has not derived (it refuses those)."""
+    try:
+        return estimate_training(model, **kw)
+    except MemlibError:
+        return None
+
+
+def families(current: bool) -> int:
+    """Per family: tiny configs traced on meta and on CPU tensors (eager and sdpa), estimated where derived;
+    with ``current``, the shipped current models traced on meta (batch 1, seq 2048, bf16, adamw, sdpa)."""
+    print("| family | attention | trace meta (KB) | trace CPU (KB) | meta vs CPU % | estimate (KB) | est vs trace % |")
+    print("|---|---|---|---|---|---|---|")
+    worst_cpu = 0.0
+    est_errors: list[float] = []
+    for name, cfg in TINY_FAMILIES.items():
+        for attention in ("eager", "sdpa"):
+            kw = dict(batch_size=2, seq_len=128, precision="bf16", optimizer="adamw", attention=attention)
+            try:
+                meta = trace_training(cfg, **kw)
+            except MemlibError as e:
+                print(f"| {name} | {attention} | — | — | — | — | {str(e)[:60]}… |")
+                continue
+            cpu = trace_training(cfg, device="cpu", **kw)
+            gap = 100 * (meta.peak_bytes - cpu.peak_bytes) / cpu.peak_bytes
+            worst_cpu = max(worst_cpu, abs(gap))
+            est = _estimate_or_none(cfg, **kw)
+            if est is None:
+                est_cols = "— | not derived"
+            else:
+                err = 100 * (est.total_bytes - meta.peak_bytes) / meta.peak_bytes
+                est_errors.append(abs(err))
+                est_cols = f"{est.total_bytes / 1e3:.1f} | {err:+.2f}"
+            print(f"| {name} | {attention} | {meta.peak_bytes / 1e3:.1f} | {cpu.peak_bytes / 1e3:.1f} | {gap:+.2f} | "
+                  f"{est_cols} |", flush=True)
+    print(f"\nmax |meta − CPU|: {worst_cpu:.2f} % (target ≤ 2 %); estimated families: max |error| "
+          f"{max(est_errors):.2f} % (target ≤ 3 %)")
+    ok = worst_cpu <= 2 and max(est_errors) <= 3
+    if current:
+        print("\n| model | params | trace GB (meta, b=1, s=2048, bf16, adamw, sdpa) | method | estimate GB | error % |")
+        print("|---|---|---|---|---|---|")
+        for model in sorted(set(shipped_models(all_models=True)) - set(shipped_models())):
+            cfg = load_config(model, any_family=True)
+            attention = "eager" if cfg.model_type == "gemma2" else "sdpa"  # transformers has no sdpa for gemma2
+            kw = dict(batch_size=1, seq_len=min(2048, cfg.max_positions), precision="bf16", optimizer="adamw",
+                      attention=attention)
+            measured = trace_training(model, **kw)
+            est = _estimate_or_none(model, **kw)
+            if est is None:
+                cols = "— | not derived"
+            else:
+                err = 100 * (est.total_bytes - measured.peak_bytes) / measured.peak_bytes
+                ok = ok and abs(err) <= 3
+                cols = f"{est.total_bytes / GB:.2f} | {err:+.2f}"
+            print(f"| {model} | {count_params(model).params / 1e9:.2f}B | {measured.peak_bytes / GB:.2f} | "
+                  f"{measured.method} | {cols} |", flush=True)
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=",".join(shipped_models()))
+    parser.add_argument("--families", action="store_true",
+                        help="instead: every model family, tiny configs on meta and CPU (see families())")
+    parser.add_argument("--current", action="store_true", help="with --families: also the shipped current models")
     args = parser.parse_args(argv)
+    if args.families:
+        return families(args.current)
     errors: list[float] = []
     print(f"| model | attention | batch | seq | estimate GB | trace GB | error % | peak phase (est / trace) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -603,7 +603,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed)
-    if extrapolate and device == "meta" and num_layers > 5 and (cfg.native or _identical_layers(cfg, overrides)):
+    if extrapolate and device == "meta" and num_layers > 5 and (cfg.native or _identical_layers(cfg, overrides, attention)):
         runs = {}
         for n in (3, 4, 5):
             tracker, _ = _trace_once(cfg, model_hook=model_hook, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
@@ -620,14 +620,14 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
 
 
-def _identical_layers(cfg: ModelConfig, overrides: dict[str, Any] | None) -> bool:
+def _identical_layers(cfg: ModelConfig, overrides: dict[str, Any] | None, attention: str) -> bool:
     """Whether every decoder layer of the model is built alike (same modules, shapes and settings).
 
     Extrapolating from 3 to 5 layers assumes it; a model with dense first layers (DeepSeek), MoE every n-th
     layer or alternating sliding-window and global layers (Gemma 2/3) is traced in full instead. Checked on
     the full-depth model built on the meta device.
     """
-    net = build_model(cfg, device="meta", overrides=overrides)
+    net = build_model(cfg, device="meta", attention=attention, overrides=overrides)
 
     def signature(layer: Any) -> Any:
         parts: list[Any] = []

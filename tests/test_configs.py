@@ -190,3 +190,10 @@ def test_mla_with_narrower_value_heads_traces() -> None:
     cfg = {**TINY["deepseek_v3"], "qk_nope_head_dim": 16}
     kw = dict(batch_size=2, seq_len=32, precision="bf16", attention="sdpa")
     assert trace_training(cfg, **kw).peak_bytes == trace_training(cfg, device="cpu", **kw).peak_bytes
+
+
+def test_eager_only_family_extrapolates_or_traces_in_full() -> None:
+    # Gemma 2 has no sdpa in transformers: the layer check builds the model with the attention asked for
+    deep = {**TINY["gemma2"], "num_hidden_layers": 7}
+    res = trace_training(deep, batch_size=1, seq_len=16, precision="bf16", attention="eager")
+    assert res.method == "full"  # alternating sliding and global layers
