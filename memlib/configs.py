@@ -20,6 +20,7 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "gemma": "GemmaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 
 _GATED_ACTS = {"silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new"}
@@ -33,8 +34,8 @@ class ModelConfig:
 
     Attributes:
         name: shipped name or file stem.
-        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma, qwen3; any other with
-            ``native=False``).
+        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma, qwen3, olmo2; any other
+            with ``native=False``).
         hidden_size: model width h.
         num_layers: number of transformer blocks L.
         num_heads: query heads a.

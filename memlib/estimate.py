@@ -235,10 +235,20 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
             add("embedding dropout mask (bool)", T * h, "bsh", per_layer=False)
         add("final LayerNorm input, output", 2 * e * T * h, f"2·{e}·bsh", per_layer=False)
         add("final LayerNorm mean and rstd", 8 * T, "8·bs", per_layer=False)
+    elif cfg.model_type == "olmo2":
+        # OLMo 2 normalizes after attention and after the MLP (the residual stream itself feeds q/k/v and the MLP),
+        # and its RMSNorms multiply by the weight in fp32: each keeps its fp32 input, the fp32 normalized tensor
+        # and the rsqrt. q_norm and k_norm normalize all heads together before rotary.
+        add("q/k/v and MLP inputs (residual stream) ×2", 2 * e * T * h, f"2·{e}·bsh")
+        add("post-norms: fp32 inputs and normalized ×2", 2 * 8 * T * h, "2·8·bsh")
+        add("post-norms: rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
+        add("q_norm, k_norm: fp32 inputs and normalized, rsqrt", 8 * T * (q + kv) + 2 * 4 * T,
+            "8·bs(a + a_kv)·d + 2·4·bs")
     else:
         add("RMSNorm fp32 inputs ×2", 2 * 4 * T * h, "2·4·bsh")
         add("RMSNorm normalized and weighted outputs ×2", 2 * 2 * e * T * h, f"2·2·{e}·bsh")
         add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
+    if cfg.model_type != "gpt2":
         rep = cfg.num_heads // cfg.num_kv_heads
         window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
         if attention == "sdpa":
@@ -263,7 +273,10 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
                 add("attention dropout mask (bool)", b * a * s * s, "bas²")
             add("attention output (contiguous, o_proj input)", e * T * q, f"{e}·bs·a·d")
         add("MLP gate, up, activation, product", 4 * e * T * f, f"4·{e}·bsf")
-        add("final RMSNorm", 4 * T * h + 2 * e * T * h + 4 * T, f"(4 + 2·{e})·bsh + 4·bs", per_layer=False)
+        if cfg.model_type == "olmo2":  # fp32 input and normalized, rsqrt; the cast output feeds the LM head
+            add("final RMSNorm", 8 * T * h + e * T * h + 4 * T, f"(8 + {e})·bsh + 4·bs", per_layer=False)
+        else:
+            add("final RMSNorm", 4 * T * h + 2 * e * T * h + 4 * T, f"(4 + 2·{e})·bsh + 4·bs", per_layer=False)
         if cfg.model_type == "qwen3":
             # Qwen3's q_norm and k_norm (RMSNorm over each head, before rotary) keep, like every RMSNorm, their fp32
             # input, the rsqrt per head and the normalized 16-bit tensor (for the weight's gradient); their output
@@ -441,6 +454,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     L, h, V, f = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     e = 4 if precision == "fp32" else 2
     T = b * s
+    if method != "full" and cfg.model_type == "olmo2":
+        raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
+                          f"olmo2; expected method 'full' (or trace a LoRA step: memlib.lora)")
     if method != "full" and cfg.model_type != "gpt2":
         # LoRA (peft, lora_dropout=0; measured in Chapter 9): frozen weights drop what only their weight
         # gradients needed — the RMSNorms' normalized and weighted outputs, the MLP product feeding down_proj,

@@ -58,6 +58,8 @@ def _layer_tensors(cfg: ModelConfig) -> list[int]:
     tensors += [h, h]  # input and post-attention RMSNorm weights
     if cfg.model_type == "qwen3":
         tensors += [cfg.head_dim, cfg.head_dim]  # q_norm, k_norm: RMSNorm over each head
+    if cfg.model_type == "olmo2":
+        tensors += [q, kv]  # q_norm, k_norm: RMSNorm over all heads together (the h, h above are post-norms)
     return tensors
 
 
@@ -91,7 +93,8 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
         q, kv, f = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
         attn_layer = 2 * h * q + 2 * h * kv + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.out_bias else 0)
         mlp_layer = 3 * h * f + (2 * f + h if cfg.mlp_bias else 0)
-        norm_layer = 2 * h + (2 * cfg.head_dim if cfg.model_type == "qwen3" else 0)
+        norm_layer = 2 * h + (2 * cfg.head_dim if cfg.model_type == "qwen3" else 0) + (
+            q + kv if cfg.model_type == "olmo2" else 0)
         final_norm = h
     lm_head = 0 if cfg.tie_word_embeddings else V * h
     per_layer = sum(layer)

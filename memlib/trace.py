@@ -503,7 +503,8 @@ def _build(native: bool, model_cls: Any, hf_cfg: Any, attention: str, device: st
 # import transformers' whole auto machinery first (a third of a second of `memlib trace`).
 _CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-            "gemma": ("GemmaConfig", "GemmaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+            "gemma": ("GemmaConfig", "GemmaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
 
 
 def _with_layers(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def test_count_breakdown_adds_up_for_other_families() -> None:
 
 
 def test_native_families_keep_their_own_counter() -> None:
-    assert load_config("llama-3.1-8b").native and load_config("qwen3-8b").native
+    assert load_config("llama-3.1-8b").native and load_config("qwen3-8b").native and load_config("olmo-2-7b").native
     assert not load_config("mixtral-8x7b", any_family=True).native
     assert load_config("llama-3.1-8b").max_positions == 131_072  # llama3 rope scaling: 8 × 8,192 stated already
     assert load_config({**TINY["qwen3"], "head_dim": None}).head_dim == 128  # Qwen3Config's default
@@ -127,20 +127,27 @@ def test_native_families_keep_their_own_counter() -> None:
 
 def test_estimator_refuses_families_it_has_not_derived() -> None:
     with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'mixtral'; expected one of: gpt2, llama, "
-                                                 r"mistral, qwen2, gemma, qwen3 \(memlib trace"):
+                                                 r"mistral, qwen2, gemma, qwen3, olmo2 \(memlib trace"):
         estimate_training("mixtral-8x7b")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "bf16-mixed", "fp32"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_qwen3_estimate_equals_trace(precision: str, attention: str) -> None:
-    # q_norm and k_norm keep their fp32 inputs, rsqrt and normalized outputs: the only terms Qwen3 adds to Llama
-    for batch, seq in ((1, 512), (4, 2048)):
-        kw = dict(batch_size=batch, seq_len=seq, precision=precision, attention=attention)
-        est = estimate_training("qwen3-8b", **kw)
-        traced = trace_training("qwen3-8b", **kw)
-        assert abs(est.total_bytes - traced.peak_bytes) <= 1e-4 * traced.peak_bytes
-        assert est.peak_phase == traced.peak_phase
+def test_qwen3_and_olmo2_estimates_equal_traces(precision: str, attention: str) -> None:
+    # Qwen3: q_norm and k_norm keep their fp32 inputs, rsqrt and normalized outputs (all Qwen3 adds to Llama).
+    # OLMo 2: post-norms multiplying in fp32, q_norm/k_norm over all heads.
+    for model in ("qwen3-8b", "olmo-2-7b"):
+        for batch, seq in ((1, 512), (4, 2048)):
+            kw = dict(batch_size=batch, seq_len=seq, precision=precision, attention=attention)
+            est = estimate_training(model, **kw)
+            traced = trace_training(model, **kw)
+            assert abs(est.total_bytes - traced.peak_bytes) <= 1e-4 * traced.peak_bytes, (model, batch, seq)
+            assert est.peak_phase == traced.peak_phase
+
+
+def test_olmo2_lora_is_not_estimated() -> None:
+    with pytest.raises(memlib.MemlibError, match="method 'lora' is estimated for gpt2, .* not olmo2"):
+        estimate_training("olmo-2-7b", method="lora")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
@@ -155,7 +162,7 @@ def test_gemma_fp32_norm_copies_are_estimated(precision: str, attention: str) ->
 def test_unknown_model_type_names_the_families_and_params(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = {"model_type": "nosuch_lm", "hidden_size": 8}
     with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'nosuch_lm'; expected one of: gpt2, "
-                                                 r"llama, mistral, qwen2, gemma, qwen3, or a causal-LM model_type "
+                                                 r"llama, mistral, qwen2, gemma, qwen3, olmo2, or a causal-LM model_type "
                                                  r"transformers knows; for model states only, give --params N"):
         trace_training(bad)
     path = tmp_path / "config.json"
