@@ -159,18 +159,12 @@ def test_ddp_no_sync_cuts_allreduce_to_one_per_step() -> None:
     assert max(r.max_param_diff.values()) < 1e-6  # the same update, only fewer all-reduces
 
 
-def test_ddp_run_times_out_instead_of_hanging(monkeypatch) -> None:
+def test_ddp_run_times_out_instead_of_hanging(monkeypatch, expired_deadline) -> None:
     # the deadline itself is tested with blocked workers in test_distributed; here: a timeout reaches the caller
     # as TimeoutError and leaves no process behind
     import multiprocessing
 
-    def expire(ctx, timeout_s, what):
-        for p in ctx.processes:
-            p.kill()
-            p.join()
-        raise TimeoutError(f"{what} did not finish within {timeout_s} s")
-
-    monkeypatch.setattr(acc, "join_with_deadline", expire)
+    monkeypatch.setattr(acc, "join_with_deadline", expired_deadline)
     with pytest.raises(TimeoutError, match="DDP run did not finish within 5 s"):
         acc.ddp_allreduce_counts(timeout_s=5)
     assert not multiprocessing.active_children()

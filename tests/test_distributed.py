@@ -110,14 +110,8 @@ def test_deadline_kills_blocked_workers() -> None:
     assert not multiprocessing.active_children()  # the workers were killed and reaped
 
 
-def test_run_sharded_timeout_is_a_memlib_error(monkeypatch) -> None:
-    def expire(ctx, timeout_s, what):  # the deadline passes at once: kill the workers as the real one does
-        for p in ctx.processes:
-            p.kill()
-            p.join()
-        raise TimeoutError(f"{what} did not finish within {timeout_s} s")
-
-    monkeypatch.setattr(distributed, "join_with_deadline", expire)
+def test_run_sharded_timeout_is_a_memlib_error(monkeypatch, expired_deadline) -> None:
+    monkeypatch.setattr(distributed, "join_with_deadline", expired_deadline)
     with pytest.raises(MemlibError, match="distributed run with 2 processes did not finish within 7 s"):
         run_sharded(2, ["ddp"], steps=2, timeout_s=7)
     assert not multiprocessing.active_children()
