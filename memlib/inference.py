@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .configs import ModelConfig, load_config
+from .configs import ModelConfig, check_seq_len, load_config
 from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
-from .estimate import KV_DTYPES, estimate_inference
+from .estimate import KV_DTYPES
 from .gpus import GPUS
+from .params import count_params
 from .search import largest_fitting
 
 __all__ = [
@@ -289,14 +290,16 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
                 prefill_tokens: int | None = None, cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT,
                 fragmentation: float = DEFAULT_FRAGMENTATION, tensor_parallel: int = 1,
                 pipeline_parallel: int = 1) -> ServingFit:
-    """Weights + KV cache (from :func:`memlib.estimate.estimate_inference`) + reserve vs a GPU. Chapter 11.
+    """Does a static batch fit a GPU: weights + KV cache + prefill activations + reserve. Chapter 11.
 
-    total = (weights + KV + activations) × (1 + fragmentation) + CUDA context, the reserve policy of
-    :func:`reserve_bytes`. The one serving-fit function: the planner's inference path (Chapter 13) calls it.
-    It sizes a ``model.generate``-style server (a contiguous cache for ``batch_size`` × ``seq_len`` tokens);
-    Chapter 14's :func:`memlib.serve.serve` sizes a vLLM-style engine from the same terms (these weights,
-    :func:`forward_activation_bytes`, KV bytes per token, :func:`check_tensor_parallel`), budgeted the engine's
-    way: a utilization share of the GPU, the rest pre-allocated as KV blocks.
+    The book's one serving fit is :func:`memlib.serve.serve` (Chapter 14, vLLM's accounting); this function
+    asks it the question of a ``model.generate``-style server, which holds a contiguous cache for
+    ``batch_size`` × ``seq_len`` tokens: the whole GPU (utilization 1), blocks of one token, no CUDA graphs,
+    ``cuda_context_bytes`` as the non-torch memory, a prefill pass of ``prefill_tokens`` (or all the batch's
+    tokens) and ``fragmentation``. serve gives the per-GPU terms (weights, KV bytes per token, the prefill
+    activation peak); the verdict is the reserve policy of :func:`reserve_bytes`:
+    total = (weights + KV + activations) × (1 + fragmentation) + CUDA context ≤ GPU memory.
+    The planner's inference path (Chapter 13) calls it.
     With ``tensor_parallel`` × ``pipeline_parallel`` GPUs the terms are per GPU: weights and KV cache of
     ceil(L / pipeline_parallel) layers, split over ``tensor_parallel`` GPUs (KV heads replicated where the
     degree exceeds them), activations as in :func:`forward_activation_bytes`, a CUDA context on each GPU.
@@ -308,7 +311,7 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
         batch_size: sequences served together.
         seq_len: tokens per sequence held in the cache (prompt + generated).
         weights: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``int4`` or ``nf4``.
-        kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
+        kv_dtype: ``fp32``, ``fp16``, ``bf16``, ``fp8``, ``int8`` or ``int4`` (:data:`memlib.serve.SERVE_KV_DTYPES`).
         layout: KV layout (``"mha"``, ``"gqa"``, ``"mqa"``) or None (as configured).
         prefill_tokens: see :func:`serving_reserve`.
         cuda_context_bytes: see :func:`serving_reserve`.
@@ -323,32 +326,29 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
         MemlibError: bad input, a ``seq_len`` above the model's positions, or a tensor-parallel degree the
             heads do not allow.
     """
+    from .serve import serve  # serve builds on this module's terms
+
     gpu = check_positive("gpu_memory_bytes", gpu_memory_bytes)
     cfg = load_config(model)
-    tp = check_tensor_parallel(cfg, tensor_parallel)
-    pp = check_positive("pipeline_parallel", pipeline_parallel)
-    if pp > cfg.num_layers:
-        raise MemlibError(f"pipeline_parallel {pp} exceeds {cfg.name}'s {cfg.num_layers} layers; "
-                          f"expected at most {cfg.num_layers}")
-    est = estimate_inference(cfg, batch_size=batch_size, seq_len=seq_len, weights=weights, kv_dtype=kv_dtype)
-    kv = est.kv_cache_bytes
-    if layout is not None:
-        kv = kv_bytes_per_token(cfg, kv_dtype, layout=layout) * int(seq_len) * int(batch_size)
-    layers = -(-cfg.num_layers // pp)  # layers on the fullest stage
-    kv_heads = kv_heads_for(cfg, layout)
-    kv_split = tp if kv_heads % tp == 0 else kv_heads  # replicated KV heads: one per GPU
-    weights_gpu = -(-est.weights_bytes * layers // (cfg.num_layers * tp))
-    kv_gpu = -(-kv * layers // (cfg.num_layers * kv_split))
-    res = serving_reserve(cfg, batch_size=batch_size, seq_len=seq_len, prefill_tokens=prefill_tokens,
-                          cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation, tensor_parallel=tp)
-    allocated = weights_gpu + kv_gpu + res.activation_bytes
-    total = allocated + reserve_bytes(allocated, cuda_context_bytes=res.cuda_context_bytes,
-                                      fragmentation=res.fragmentation)
-    frag = total - allocated - res.cuda_context_bytes
-    settings = dict(est.settings, layout=layout or "as configured", prefill_tokens=prefill_tokens)
+    b = check_positive("batch_size", batch_size)
+    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
+    tokens = b * s if prefill_tokens is None else min(check_positive("prefill_tokens", prefill_tokens), b * s)
+    reserve_bytes(0, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)  # validates both
+    fit = serve(cfg, gpu_memory=gpu, max_model_len=s, gpu_memory_utilization=1.0, kv_dtype=kv_dtype,
+                weights=weights, block_size=1, max_num_batched_tokens=tokens, max_num_seqs=b,
+                tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, layout=layout,
+                non_torch_bytes=cuda_context_bytes, cuda_graph_bytes=0, fragmentation=fragmentation)
+    kv_gpu = b * s * fit.kv_bytes_per_token
+    allocated = fit.weights_bytes + kv_gpu + fit.activation_bytes
+    total = allocated + reserve_bytes(allocated, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
+    frag = total - allocated - int(cuda_context_bytes)
+    settings: dict[str, Any] = {"model": cfg.name, "batch_size": b, "seq_len": s, "weights": weights,
+                                "kv_dtype": kv_dtype, "params": count_params(cfg).params,
+                                "layout": layout or "as configured", "prefill_tokens": prefill_tokens}
+    tp, pp = fit.settings["tensor_parallel"], fit.settings.get("pipeline_parallel", 1)
     if tp > 1 or pp > 1:
         settings.update(tensor_parallel=tp, pipeline_parallel=pp)
-    return ServingFit(weights_gpu, kv_gpu, res.activation_bytes, frag, res.cuda_context_bytes, total, gpu,
+    return ServingFit(fit.weights_bytes, kv_gpu, fit.activation_bytes, frag, int(cuda_context_bytes), total, gpu,
                       total <= gpu, settings)
 
 

@@ -171,8 +171,8 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     need (the free ones, mixed precision and FlashAttention, are kept). Every full fine-tuning option comes
     before LoRA/QLoRA; when the plan changes the job it says so in :attr:`Plan.notes`. ``lora`` and ``qlora``
     jobs start with that method. ``infer`` climbs fp16 → fp8 KV cache → int8 → int4 (NF4) weights, each rung
-    checked with :func:`memlib.inference.serving_fit` (weights, KV cache, prefill activations and the
-    reserve), split over the GPUs by tensor parallelism where the heads allow the degree and by pipeline
+    checked with :func:`memlib.inference.serving_fit`, the static-batch question to the book's one serving fit
+    :func:`memlib.serve.serve` (weights, KV cache, prefill activations and the reserve), split over the GPUs by tensor parallelism where the heads allow the degree and by pipeline
     parallelism otherwise.
 
     A rung fits when its estimate plus the reserve, ``reserve`` + ``fragmentation`` × estimate (the policy of

@@ -20,6 +20,7 @@ Sources (vLLM, github.com/vllm-project/vllm):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,11 @@ __all__ = [
 
 ModelLike = str | Path | dict[str, Any] | ModelConfig
 
-#: KV-cache formats and their bits per element. fp8 (E4M3/E5M2) keeps a per-tensor scale (negligible, not
+#: KV-cache formats and their bits per element (fp32 for CPU runs and the static fit of Chapter 11). fp8 (E4M3/E5M2) keeps a per-tensor scale (negligible, not
 #: counted), as vLLM's ``kv_cache_dtype="fp8"``; int8 and int4 (KIVI-style, Liu et al. 2024) keep one fp16
 #: scale and one fp16 zero-point per head vector of ``head_dim`` elements, counted in
 #: :func:`serve_kv_bytes_per_token`.
-SERVE_KV_DTYPES: dict[str, int] = {"fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+SERVE_KV_DTYPES: dict[str, int] = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
 
 #: vLLM's default ``gpu_memory_utilization`` (``vllm/config.py``, ``CacheConfig``): the engine's share of the GPU.
 DEFAULT_GPU_MEMORY_UTILIZATION: float = 0.9
@@ -144,12 +145,22 @@ class ServeFit:
         return d
 
 
-def _kv_heads_per_gpu(cfg: ModelConfig, tp: int) -> int:
-    heads = kv_heads_for(cfg)
+def _kv_heads_per_gpu(cfg: ModelConfig, tp: int, layout: str | None = None) -> int:
+    heads = kv_heads_for(cfg, layout)
     return heads // tp if heads % tp == 0 else 1  # fewer KV heads than GPUs: each GPU holds a replica of one
 
 
-def serve_kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", tensor_parallel: int = 1) -> int:
+def _stage_layers(cfg: ModelConfig, pipeline_parallel: int) -> int:
+    """Layers on the fullest pipeline stage, ceil(L / stages); the stages must not outnumber the layers."""
+    pp = check_positive("pipeline_parallel", pipeline_parallel)
+    if pp > cfg.num_layers:
+        raise MemlibError(f"pipeline_parallel {pp} exceeds {cfg.name}'s {cfg.num_layers} layers; "
+                          f"expected at most {cfg.num_layers}")
+    return -(-cfg.num_layers // pp)
+
+
+def serve_kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", tensor_parallel: int = 1, *,
+                             pipeline_parallel: int = 1, layout: str | None = None) -> int:
     """KV bytes of one token on one GPU: 2 (K, V) × layers × KV heads per GPU × head_dim × bits / 8.
 
     Introduced in Chapter 14; the same count as :func:`memlib.inference.kv_bytes_per_token` for 16- and 8-bit
@@ -161,15 +172,18 @@ def serve_kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", tensor_pa
         model: shipped name, config.json path, dict or ModelConfig.
         kv_dtype: one of :data:`SERVE_KV_DTYPES`.
         tensor_parallel: GPUs the KV heads are split over (replicated when fewer heads than GPUs).
+        pipeline_parallel: pipeline stages; the fullest holds ceil(L / stages) layers.
+        layout: KV layout (``"mha"``, ``"gqa"``, ``"mqa"``, see :func:`memlib.inference.kv_heads_for`) or None
+            (as configured).
 
     Returns:
         Bytes per token per GPU.
     """
     cfg = load_config(model)
     check_choice("kv dtype", kv_dtype, SERVE_KV_DTYPES)
-    heads = _kv_heads_per_gpu(cfg, check_positive("tensor_parallel", tensor_parallel))
+    heads = _kv_heads_per_gpu(cfg, check_positive("tensor_parallel", tensor_parallel), layout)
     bits = SERVE_KV_DTYPES[kv_dtype]
-    vectors = 2 * cfg.num_layers * heads  # K and V head vectors per token
+    vectors = 2 * _stage_layers(cfg, pipeline_parallel) * heads  # K and V head vectors per token
     scales = 4 if kv_dtype in ("int8", "int4") else 0
     return vectors * (cfg.head_dim * bits // 8 + scales)
 
@@ -195,9 +209,10 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, kv_dtype: str = "fp16",
           weights: str = "fp16", block_size: int = DEFAULT_BLOCK_SIZE,
           max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-          tensor_parallel: int = 1, draft: ModelLike | None = None, num_speculative_tokens: int = 0,
-          prefix_cache_hit_rate: float = 0.0, non_torch_bytes: int = DEFAULT_NON_TORCH,
-          cuda_graph_bytes: int = DEFAULT_CUDA_GRAPH) -> ServeFit:
+          tensor_parallel: int = 1, pipeline_parallel: int = 1, draft: ModelLike | None = None,
+          num_speculative_tokens: int = 0, prefix_cache_hit_rate: float = 0.0,
+          non_torch_bytes: int = DEFAULT_NON_TORCH, cuda_graph_bytes: int = DEFAULT_CUDA_GRAPH,
+          layout: str | None = None, fragmentation: float = 0.0) -> ServeFit:
     """How many requests a vLLM-style engine serves at once: the KV-block budget, term by term. Chapter 14.
 
     kv_budget = utilization × GPU − weights (− draft weights) − activation peak of a prefill chunk of
@@ -206,7 +221,10 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     ``num_blocks = kv_budget // (block_size × KV bytes per token)`` blocks (``get_num_blocks`` in
     ``vllm/v1/core/kv_cache_utils.py``); one is the block pool's null block. A request of ``max_model_len``
     tokens (+ ``num_speculative_tokens`` lookahead slots) needs ceil((len + k) / block_size) blocks.
-    With speculative decoding the draft's layers share the block pool: each token's page holds target and
+    With ``fragmentation`` f > 0 (0 for vLLM, whose blocks are allocated once) the tensors are held to
+    (budget − non-torch − graphs) / (1 + f), the reserve policy of :func:`memlib.inference.reserve_bytes`;
+    Chapter 11's static fit (:func:`memlib.inference.serving_fit`) asks this function with utilization 1,
+    blocks of one token and 5 %. With speculative decoding the draft's layers share the block pool: each token's page holds target and
     draft K/V. With prefix caching, a fraction ``prefix_cache_hit_rate`` of every request is a prefix shared
     by all requests: its full blocks are held once (vLLM shares only full blocks; a shared block is copied
     on write only when a request writes into it, which full prefix blocks never are).
@@ -227,11 +245,15 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
         max_num_batched_tokens: tokens per scheduler step (the prefill chunk).
         max_num_seqs: requests per scheduler step.
         tensor_parallel: GPUs each layer is split over (the numbers are per GPU).
+        pipeline_parallel: pipeline stages; the numbers are for the fullest, with ceil(L / stages) layers
+            (weights split like the layers, embeddings included).
         draft: draft model for speculative decoding (same vocabulary as ``model``).
         num_speculative_tokens: tokens the draft proposes per step (needs ``draft``).
         prefix_cache_hit_rate: fraction of each request's tokens that is a prefix shared by all, in [0, 1).
         non_torch_bytes: CUDA context, workspaces, NCCL (see :data:`DEFAULT_NON_TORCH`).
         cuda_graph_bytes: captured CUDA graphs (see :data:`DEFAULT_CUDA_GRAPH`; 0 for eager mode).
+        layout: KV layout override (``"mha"``, ``"gqa"``, ``"mqa"``) or None (as configured).
+        fragmentation: fraction of the held tensors kept free for the allocator's fragmentation, in [0, 1).
 
     Returns:
         The budget and what it holds.
@@ -262,10 +284,15 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
                           "expected a fraction such as 0.5")
     overhead = check_positive("non_torch_bytes", non_torch_bytes, allow_zero=True)
     graphs = check_positive("cuda_graph_bytes", cuda_graph_bytes, allow_zero=True)
+    frag = float(fragmentation)
+    if not 0.0 <= frag < 1.0:
+        raise MemlibError(f"fragmentation {fragmentation!r} is outside [0, 1); expected e.g. 0.05 (0 for vLLM)")
+    pp = check_positive("pipeline_parallel", pipeline_parallel)
+    layers = _stage_layers(cfg, pp)
 
     est = estimate_inference(cfg, seq_len=1, weights=weights)
-    w = -(-est.weights_bytes // tp)
-    per_token = serve_kv_bytes_per_token(cfg, kv_dtype, tp)
+    w = -(-est.weights_bytes * layers // (cfg.num_layers * tp))
+    per_token = serve_kv_bytes_per_token(cfg, kv_dtype, tp, pipeline_parallel=pp, layout=layout)
     draft_w = 0
     draft_name = None
     if draft is not None:
@@ -277,6 +304,9 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
                               f"({cfg.vocab_size:,} tokens)")
         if k == 0:
             raise MemlibError("a draft model needs num_speculative_tokens ≥ 1; expected e.g. 3 to 5")
+        if pp > 1:
+            raise MemlibError(f"a draft model with pipeline_parallel {pp} is not modelled; expected "
+                              "pipeline_parallel 1 with --draft")
         dtp = check_tensor_parallel(dcfg, tp)
         draft_w = -(-estimate_inference(dcfg, seq_len=1, weights=weights).weights_bytes // dtp)
         per_token += serve_kv_bytes_per_token(dcfg, kv_dtype, dtp)
@@ -285,7 +315,10 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
 
     act = forward_activation_bytes(cfg, chunk, min(seqs, chunk), tensor_parallel=tp)
     budget = int(mem * util)
-    kv_budget = budget - w - draft_w - act - overhead - graphs
+    held = budget - overhead - graphs  # what the tensors may take, fragmentation included
+    if frag:
+        held = math.floor(held / (1.0 + frag)) if held > 0 else held
+    kv_budget = held - w - draft_w - act
     block_bytes = bs * per_token
     num_blocks = max(kv_budget, 0) // block_bytes
     usable = max(num_blocks - 1, 0)  # the block pool keeps one null block
@@ -312,6 +345,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
         "weights": weights, "kv_dtype": kv_dtype, "block_size": bs, "max_num_batched_tokens": chunk,
         "max_num_seqs": seqs, "tensor_parallel": tp, "draft": draft_name, "num_speculative_tokens": k,
         "prefix_cache_hit_rate": rate}
+    if pp > 1 or layout is not None or frag:
+        settings.update(pipeline_parallel=pp, layout=layout or "as configured", fragmentation=frag)
     return ServeFit(mem, budget, w, draft_w, act, overhead, graphs, kv_budget, per_token, bs, block_bytes,
                     num_blocks, num_blocks * block_bytes, blocks_per_seq, concurrent, max(concurrent_prefix, 0),
                     max(longest, 0), concurrent >= 1, tuple(reasons), settings)
