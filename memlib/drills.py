@@ -90,6 +90,7 @@ CHAPTERS: dict[int, str] = {
     11: "Inference memory and quantization",
     12: "Profiling and MFU",
     13: "Putting it together",
+    14: "Serving memory",
 }
 DIFFICULTIES = ("E", "M", "H")
 SOURCES = ("Tips notes, top", "Tips notes §八", "Strategies notes", "book")
@@ -759,7 +760,7 @@ QUESTIONS: tuple[Question, ...] = (
        {{inf7_int8}} — one byte per quantized weight, embeddings and norms kept in 16 bits — against {{inf7_w}}
        in fp16.""", text_zh=""),
     # ---------------------------------------------------------------- Chapter 11: serving engines
-    _q("b11-5", 11, "E", "continuous batching", "What is continuous batching, and why does it let a server take "
+    _q("b14-1", 14, "E", "continuous batching", "What is continuous batching, and why does it let a server take "
        "more requests than static batching?", """
        Static batching (`model.generate` on a fixed batch) admits a batch, runs it until its longest answer ends and
        reserves every sequence's cache for the maximum length; finished sequences idle in the batch. Continuous
@@ -767,7 +768,7 @@ QUESTIONS: tuple[Question, ...] = (
        anew: a finished request leaves, a waiting one joins at the next step. Memory is then held only by
        requests in flight, for the tokens they have, which is what PagedAttention's blocks make cheap.""",
        text_zh=""),
-    _q("b11-6", 11, "M", "serving budget", "vLLM serves Llama-3-8B (fp16) on one 80 GiB H100 with max-model-len "
+    _q("b14-2", 14, "M", "serving budget", "vLLM serves Llama-3-8B (fp16) on one 80 GiB H100 with max-model-len "
        "8192 and the default gpu_memory_utilization 0.9. Where does the memory go, and how many 8k requests fit "
        "at once?", """
        The engine takes 0.9 × 80 GiB = {{srv_budget}}. Its start-up profile (`determine_available_memory`)
@@ -777,28 +778,28 @@ QUESTIONS: tuple[Question, ...] = (
        block that is {{srv_blocks}} blocks. An 8192-token request needs 8192 / 16 = 512 blocks, so {{srv_users}} requests of
        the full length fit (one block is the pool's null block). `memlib serve llama-3-8b --gpu h100
        --max-model-len 8192` prints the same budget.""", text_zh=""),
-    _q("b11-7", 11, "M", "PagedAttention", "How much KV memory does PagedAttention waste per sequence, and why "
+    _q("b14-3", 14, "M", "PagedAttention", "How much KV memory does PagedAttention waste per sequence, and why "
        "did earlier servers waste so much more?", """
        A sequence holds whole blocks, so it wastes less than one block: at most 15 of 16 token slots, for
        Llama-3-8B {{srv_waste}}. Earlier systems reserved a contiguous cache for the maximum length up front
        and lost the unused tail plus fragmentation between reservations; the vLLM paper (Kwon et al. 2023)
        measured 60–80 % of the KV memory wasted in them against under 4 % in vLLM. Smaller blocks waste less
        but make the attention kernel's gathers less efficient; 16 is vLLM's default on CUDA.""", text_zh=""),
-    _q("b11-8", 11, "M", "prefix caching", "A hundred concurrent requests to Llama-3-8B share a 2,000-token system "
+    _q("b14-4", 14, "M", "prefix caching", "A hundred concurrent requests to Llama-3-8B share a 2,000-token system "
        "prompt. What does automatic prefix caching save, and what is copy-on-write for?", """
        The prompt's full blocks — ⌊2000 / 16⌋ = {{pfx_blocks}} — are hashed and held once with a reference count;
        the tokens of the last, partial block are recomputed per request. Held once instead of a hundred times,
        that saves {{pfx_save}} of KV cache. A shared block is read-only: a request that would write into it
        (a partly filled shared block, or beam search / parallel sampling forking a sequence) first gets its own
        copy — copy-on-write — so sharing never changes what another request sees.""", text_zh=""),
-    _q("b11-9", 11, "M", "chunked prefill", "Why does chunked prefill bound a server's activation memory? Compare "
+    _q("b14-5", 14, "M", "chunked prefill", "Why does chunked prefill bound a server's activation memory? Compare "
        "Llama-3-8B prefilling an 8192-token prompt at once with chunks of 2048 tokens.", """
        The activation peak of a forward pass grows with the tokens in it; nothing is kept for backward, so one
        layer's intermediates (the SwiGLU MLP's three T × 14336 tensors) set it. The whole prompt at once peaks
        near {{act_8192}}; a step of at most max_num_batched_tokens = 2048 tokens near {{act_2048}}, whatever the
        prompt's length. vLLM profiles that one step at start-up and gives the rest to KV blocks, and the
        scheduler mixes the chunks with other requests' decode tokens in the same step.""", text_zh=""),
-    _q("b11-10", 11, "H", "speculative decoding", "You add Llama-3-8B as a draft (4 speculative tokens) to "
+    _q("b14-6", 14, "H", "speculative decoding", "You add Llama-3-8B as a draft (4 speculative tokens) to "
        "Llama-3-70B served on 4 × H100 with tensor parallelism at max-model-len 8192. What does it cost in memory?",
        """
        Three things, all taken out of the KV blocks: the draft's weights ({{spec_dw}} per GPU when split four
@@ -807,30 +808,30 @@ QUESTIONS: tuple[Question, ...] = (
        target verifies the k + 1 tokens in one forward pass, a prefill-like step bounded by
        max_num_batched_tokens. memlib: the full-length requests that fit go from {{spec_users}}. It pays off when
        the latency saved per accepted token matters more than that concurrency.""", text_zh=""),
-    _q("b11-11", 11, "E", "speculative decoding", "Can GPT-2 serve as a draft model for Llama-3-8B?", """
+    _q("b14-7", 14, "E", "speculative decoding", "Can GPT-2 serve as a draft model for Llama-3-8B?", """
        No: the target verifies the draft's tokens by id, so both must share a tokenizer and vocabulary, and
        GPT-2 has {{vocab_gpt2}} tokens against Llama-3's {{vocab_l3}}. `memlib serve --draft gpt2` refuses it;
        pick a small model of the same family (or an n-gram / EAGLE-style head trained on the target).""",
        text_zh=""),
-    _q("b11-12", 11, "M", "KV quantization", "How many 8k-token Llama-3-8B requests fit on one H100 with an fp8 or "
+    _q("b14-8", 14, "M", "KV quantization", "How many 8k-token Llama-3-8B requests fit on one H100 with an fp8 or "
        "an int4 KV cache instead of fp16, and what is the catch?", """
        The KV budget stays the same; bytes per token shrink. memlib: {{srv_users}} requests with fp16, {{srv_users_fp8}}
        with fp8 (one byte per element, a per-tensor scale) and {{srv_users_int4}} with int4 (half a byte plus one
        fp16 scale and zero-point per head vector). The catch is accuracy: fp8 costs little on most models, while
        4- and 2-bit caches need care — KIVI (Liu et al. 2024) quantizes keys per channel and values per token
        because keys have outlier channels; check the task's quality, not only perplexity.""", text_zh=""),
-    _q("b11-13", 11, "M", "decode latency", "Llama-3-8B in fp16 decodes one sequence on an H100 SXM (3.35 TB/s "
+    _q("b14-9", 14, "M", "decode latency", "Llama-3-8B in fp16 decodes one sequence on an H100 SXM (3.35 TB/s "
        "of memory bandwidth on its datasheet). What is the least time per generated token?", """
        A decode step at batch 1 reads every weight once and does ~2 FLOPs per weight per token: far too little
        arithmetic to be compute-bound, so time ≈ bytes moved ÷ bandwidth = {{srv_w_gb}} / {{h100_bw}} ≈
        {{dec_ms_b1}} per token, at most about {{dec_tok_s}} tokens/s. Quantized weights move fewer bytes and
        decode faster for that reason.""", text_zh=""),
-    _q("b11-14", 11, "M", "MBU", "The same server reaches 150 tokens/s for one sequence. What is its model "
+    _q("b14-10", 14, "M", "MBU", "The same server reaches 150 tokens/s for one sequence. What is its model "
        "bandwidth utilization (MBU)?", """
        MBU = bytes moved per token × tokens/s ÷ peak bandwidth = weights × 150 / {{h100_bw}} = {{mbu_150}}.
        MBU is to decode what MFU is to training: the fraction of the roofline's memory side achieved; what is
        missing goes to kernel launches, synchronization and kernels that do not stream memory at full speed.""", text_zh=""),
-    _q("b11-15", 11, "H", "decode latency", "Batch 64 decodes barely slower than batch 1 at short contexts. What "
+    _q("b14-11", 14, "H", "decode latency", "Batch 64 decodes barely slower than batch 1 at short contexts. What "
        "changes for Llama-3-8B at 8192 tokens of context per sequence?", """
        The weights are read once per step whatever the batch, so at short contexts 64 sequences cost about what
        one does. The KV cache is read per sequence: 64 × 8192 tokens × {{srv_kvtok}} = {{dec_kv_b64}} per step,
@@ -1298,25 +1299,25 @@ def _serve_how(st: dict[str, Any], fit: Any) -> str:
             f"gpu_memory_utilization={st['gpu_memory_utilization']}))")
 
 
-@drill_kind("serve_blocks", 11, "KV blocks a vLLM-style engine allocates from its memory budget")
+@drill_kind("serve_blocks", 14, "KV blocks a vLLM-style engine allocates from its memory budget")
 def _serve_blocks(rng: random.Random, seed: int) -> Drill:
     st, fit = _serve_setup(rng, users=False)
     q = _serve_words(st, fit) + " How many KV blocks does it allocate?"
-    return Drill("serve_blocks", seed, q, float(fit.num_blocks), "blocks", 0.01, 1.0, "M", 11, _serve_how(st, fit),
+    return Drill("serve_blocks", seed, q, float(fit.num_blocks), "blocks", 0.01, 1.0, "M", 14, _serve_how(st, fit),
                  st)
 
 
-@drill_kind("serve_users", 11, "requests of max-model-len tokens a vLLM-style engine holds at once")
+@drill_kind("serve_users", 14, "requests of max-model-len tokens a vLLM-style engine holds at once")
 def _serve_users(rng: random.Random, seed: int) -> Drill:
     st, fit = _serve_setup(rng, users=True)
     q = (_serve_words(st, fit) + f" How many requests of {st['max_model_len']} tokens fit at once (one block is the "
          f"pool's null block)?")
     how = (_serve_how(st, fit) + f"; ⌊({fit.num_blocks:,} − 1) / ⌈{st['max_model_len']} / {st['block_size']}⌉ = "
            f"{fit.blocks_per_seq}⌋ = {fit.max_concurrent_seqs}")
-    return Drill("serve_users", seed, q, float(fit.max_concurrent_seqs), "requests", 0.0, 1.0, "H", 11, how, st)
+    return Drill("serve_users", seed, q, float(fit.max_concurrent_seqs), "requests", 0.0, 1.0, "H", 14, how, st)
 
 
-@drill_kind("decode_latency", 11, "least time of one decode step: bytes moved ÷ memory bandwidth")
+@drill_kind("decode_latency", 14, "least time of one decode step: bytes moved ÷ memory bandwidth")
 def _decode_latency(rng: random.Random, seed: int) -> Drill:
     while True:
         model = rng.choice(_INFER_MODELS)
@@ -1336,7 +1337,7 @@ def _decode_latency(rng: random.Random, seed: int) -> Drill:
     how = (f"(weights {_gb(w, 2)} + KV {b} × {s} × {serve_kv_bytes_per_token(model):,} bytes = "
            f"{_gb(moved - w, 2)}) ÷ {gpu.bandwidth_gb_s:,.0f} GB/s (decode_latency_s('{model}', gpu='{gpu.name}', "
            f"batch_size={b}, context_len={s}, weights='{weights}'))")
-    return Drill("decode_latency", seed, q, ms, "ms", 0.05, 0.01, "M", 11, how,
+    return Drill("decode_latency", seed, q, ms, "ms", 0.05, 0.01, "M", 14, how,
                  {"model": model, "gpu": gpu.name, "weights": weights, "batch_size": b, "context_len": s})
 
 
