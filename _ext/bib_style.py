@@ -8,7 +8,7 @@ This extension registers, with pybtex's plugin registry:
   2020``, the names rendered from LaTeX to text; two entries that would get the same label get ``2023a`` and
   ``2023b`` (in the bibliography's order);
 * the formatting style ``book`` (``bibtex_default_style``): pybtex's ``unsrt`` with those labels, sorted by
-  author, year and title, and **one link per entry, printed once**: the arXiv id (``eprint``) if there is one,
+  author (as printed: ``{Hugging Face}`` under H), year and title, and **one link per entry, printed once**: the arXiv id (``eprint``) if there is one,
   else the DOI, else the URL;
 * the reference style ``book_label`` (``bibtex_reference_style``): the in-text citation is that same label in
   brackets, several separated by semicolons (``[Ren et al., 2021; Rajbhandari et al., 2021]``), so the text
@@ -28,12 +28,13 @@ from pybtex.database import Entry, Person
 from pybtex.richtext import Text
 from pybtex.style.formatting.unsrt import Style as UnsrtStyle
 from pybtex.style.labels import BaseLabelStyle
+from pybtex.style.sorting.author_year_title import SortingStyle as AuthorYearTitleSortingStyle
 from pybtex.style.template import first_of, optional, sentence
 from sphinx.application import Sphinx
 from sphinxcontrib.bibtex.style.referencing import BracketStyle
 from sphinxcontrib.bibtex.style.referencing.label import LabelReferenceStyle
 
-__all__ = ["AuthorYearLabelStyle", "BookReferenceStyle", "BookStyle", "entry_label", "setup"]
+__all__ = ["AuthorYearLabelStyle", "AuthorYearTitleSorting", "BookReferenceStyle", "BookStyle", "entry_label", "setup"]
 
 
 def _text(latex: str) -> str:
@@ -76,11 +77,18 @@ class AuthorYearLabelStyle(BaseLabelStyle):
                 seen[label] += 1
 
 
+class AuthorYearTitleSorting(AuthorYearTitleSortingStyle):
+    """pybtex's author–year–title order on the names as printed: ``{Hugging Face}`` sorts under H, not after Z."""
+
+    def person_key(self, person: Person) -> str:
+        return _text(str(super().person_key(person)))
+
+
 class BookStyle(UnsrtStyle):
     """pybtex's unsrt with author–year labels, author–year–title order and one link per entry."""
 
     default_label_style = "book_author_year"
-    default_sorting_style = "author_year_title"
+    default_sorting_style = "book_author_year_title"
 
     def format_web_refs(self, e: Entry) -> Any:
         """The entry's one link: arXiv (``eprint``), else DOI, else URL."""
@@ -105,6 +113,7 @@ class BookReferenceStyle(LabelReferenceStyle):
 def _register() -> None:
     # Both registries skip a name already registered (a second build in the same process).
     pybtex.plugin.register_plugin("pybtex.style.labels", "book_author_year", AuthorYearLabelStyle)
+    pybtex.plugin.register_plugin("pybtex.style.sorting", "book_author_year_title", AuthorYearTitleSorting)
     pybtex.plugin.register_plugin("pybtex.style.formatting", "book", BookStyle)
     sphinxcontrib.bibtex.plugin.register_plugin(
         "sphinxcontrib.bibtex.style.referencing", "book_label", BookReferenceStyle)

@@ -318,6 +318,8 @@ def test_bibliography_labels_read_like_the_citations() -> None:
     assert sorted([labels["touvron2023llama"], labels["touvron2023llama2"]]) == [
         "Touvron et al., 2023a", "Touvron et al., 2023b"]
     assert len(set(labels.values())) == len(labels)
+    order = list(labels.values())  # the bibliography's order: by name as printed, then year and title
+    assert order.index("Hu et al., 2021") < order.index("Hugging Face, 2023") < order.index("Ioffe and Szegedy, 2015")
     for key, entry in entries.items():
         text = entry.text.render_as("text")
         links = re.findall(r"arXiv:\d{4}\.\d{4,5}|doi:10\.\S+|URL: \S+", text)
