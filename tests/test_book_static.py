@@ -1,5 +1,5 @@
 """Static checks of the published book's sources (no build, no browser): Colab cell, static figures before
-widgets, self-hosted JavaScript, launch buttons and the bibliography (issue 10)."""
+widgets, self-hosted JavaScript, launch buttons and the bibliography (issues 10 and 19)."""
 from __future__ import annotations
 
 import contextlib
@@ -149,6 +149,45 @@ def test_colab_cell_script_is_idempotent(tmp_path: Path) -> None:
     assert len(cells) == 3 and '"dev"' in "".join(cells[1]["source"]) and "/content/moved" in "".join(cells[1]["source"])
 
 
+def test_colab_cell_update_keeps_the_executed_cell(tmp_path: Path) -> None:
+    """A new URL rewrites the cell's text only: its id, execution count and metadata stay (nbval's outputs too)."""
+    path = tmp_path / "labs" / "nb.ipynb"
+    path.parent.mkdir()
+    cell = {"cell_type": "code", "id": "colab-setup", "execution_count": 1, "outputs": [],
+            "metadata": {"tags": list(colab_cell.TAGS), "execution": {"iopub.status.idle": "2026-01-01T00:00:00Z"}},
+            "source": colab_cell.cell_source("labs", "https://example.org/o/book", "main")}
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}), encoding="utf-8")
+    assert colab_cell.update_notebook(path, "https://example.org/o/moved", "main") is True
+    (after,) = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    assert after["execution_count"] == 1
+    assert after["metadata"]["execution"] == {"iopub.status.idle": "2026-01-01T00:00:00Z"}
+    assert "".join(after["source"]) == colab_cell.cell_source("labs", "https://example.org/o/moved", "main")
+
+
+def test_colab_cell_stops_with_one_message_when_the_clone_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Colab, a repository that cannot be cloned stops the cell with one line naming the URL and git's error."""
+    import subprocess
+    import types
+
+    url = "https://example.org/nobody/missing-book"
+    source = colab_cell.cell_source("chapters", url, "main")
+    calls: list[list[str]] = []
+
+    def failing_clone(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 128, "", "Cloning...\nfatal: repository '" + url + "/' not found\n")
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(subprocess, "run", failing_clone)
+    monkeypatch.setattr(os.path, "isdir", lambda p: False)
+    with pytest.raises(SystemExit) as stop:
+        exec(compile(source, "<colab-cell>", "exec"), {})  # noqa: S102 (our own generated cell)
+    message = str(stop.value)
+    assert calls and calls[0][:2] == ["git", "clone"] and url in calls[0]
+    assert url in message and "fatal: repository" in message and "repository.url" in message
+    assert "\n" not in message
+
+
 def test_colab_installs_runtime_pins_but_never_torch() -> None:
     pins = colab_install.runtime_requirements((REPO / "requirements.txt").read_text(encoding="utf-8"))
     names = {re.split(r"[=<>!~ ]", p)[0].lower() for p in pins}
@@ -241,6 +280,53 @@ def test_bibliography_has_and_cites_the_issue_papers() -> None:
         f"cited but not in references.bib: {unknown}")
 
 
+def _bib_entries() -> dict[str, str]:
+    """key -> the entry's text, from references.bib."""
+    text = (REPO / "references.bib").read_text(encoding="utf-8")
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^@\w+\{([^,]+),", text, re.M)] + [(len(text), "")]
+    return {key: text[a:b] for (a, key), (b, _) in zip(starts, starts[1:])}
+
+
+def test_every_bibliography_entry_has_exactly_one_link() -> None:
+    """An arXiv id (eprint), else a DOI, else a URL; never an arXiv URL beside the eprint (it would print twice)."""
+    entries = _bib_entries()
+    assert len(entries) >= 41 and "tazi2025ultrascale" in entries  # the Ultra-Scale Playbook, quoted in Chapter 1
+    for key, entry in entries.items():
+        links = [f for f in ("eprint", "doi", "url") if re.search(rf"^\s*{f}\s*=", entry, re.M)]
+        assert links, f"{key}: no eprint, doi or url"
+        assert not re.search(r"url\s*=\s*\{https://arxiv\.org", entry), f"{key}: arXiv URL beside eprint"
+        assert "note" not in entry or not re.search(r"note\s*=\s*\{arXiv:", entry), f"{key}: arXiv id in a note"
+        assert "\\'" not in entry and "\\`" not in entry, f"{key}: LaTeX accents (write the UTF-8 letter)"
+
+
+def test_bibliography_labels_read_like_the_citations() -> None:
+    """The label style (_ext/bib_style.py) gives author-year labels; equal ones get a, b; one link per entry."""
+    sys.path.insert(0, str(REPO / "_ext"))
+    import bib_style
+    from pybtex.database import parse_file
+    from pybtex.plugin import find_plugin
+
+    bib_style._register()
+    style = find_plugin("pybtex.style.formatting", "book")()
+    entries = {e.key: e for e in style.format_bibliography(parse_file(str(REPO / "references.bib")))}
+    labels = {key: e.label for key, e in entries.items()}
+    assert labels["rajbhandari2020zero"] == "Rajbhandari et al., 2020"
+    assert labels["ioffe2015batch"] == "Ioffe and Szegedy, 2015"
+    assert labels["dao2023flashattention2"] == "Dao, 2023"
+    assert labels["goyal2017accurate"] == "Goyal et al., 2017"  # was [GDollarG+17]
+    assert labels["hf2023trainingsanatomy"] == "Hugging Face, 2023"
+    assert sorted([labels["touvron2023llama"], labels["touvron2023llama2"]]) == [
+        "Touvron et al., 2023a", "Touvron et al., 2023b"]
+    assert len(set(labels.values())) == len(labels)
+    order = list(labels.values())  # the bibliography's order: by name as printed, then year and title
+    assert order.index("Hu et al., 2021") < order.index("Hugging Face, 2023") < order.index("Ioffe and Szegedy, 2015")
+    for key, entry in entries.items():
+        text = entry.text.render_as("text")
+        links = re.findall(r"arXiv:\d{4}\.\d{4,5}|doi:10\.\S+|URL: \S+", text)
+        assert len(links) == 1, f"{key}: {links}"
+    assert "Dollár" in entries["goyal2017accurate"].text.render_as("text")
+
+
 _QUESTION = re.compile(r"^\*\*Question \d+", re.M)
 _ANSWER = re.compile(r"^(`{3,}|:{3,})\{dropdown\}", re.M)
 
@@ -288,3 +374,22 @@ def test_colab_setup_refuses_to_replace_torch(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(colab_install, "_installed", lambda name: "2.1.0+cu118" if name == "torch" else None)
     with pytest.raises(RuntimeError, match=r"Colab's torch 2\.1\.0\+cu118"):
         colab_install.setup(str(tmp_path), "chapters")
+
+
+def test_pdf_button_links_the_whole_book_pdf() -> None:
+    """The theme's per-page ".pdf" (window.print() of one page) becomes a link to book.pdf at the site's root."""
+    sys.path.insert(0, str(REPO / "_ext"))
+    import book_pdf
+
+    pdf = {"type": "javascript", "javascript": "window.print()", "label": "download-pdf-button", "text": ".pdf"}
+    source = {"type": "link", "url": "../_sources/x.ipynb", "label": "download-source-button"}
+    context = {"pathto": lambda name, resource: f"../{name}",
+               "header_buttons": [{"type": "group", "label": "download-buttons", "buttons": [source, pdf]}]}
+    book_pdf._link_whole_book_pdf(None, "chapters/x", "page.html", context, None)  # type: ignore[arg-type]
+    buttons = context["header_buttons"][0]["buttons"]
+    assert buttons[0] is source
+    assert buttons[1]["type"] == "link" and buttons[1]["url"] == "../book.pdf" and "javascript" not in buttons[1]
+    assert "book.pdf" in (REPO / "intro.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert re.search(r"^python3 -m venv .* && jupyter-book build \. -W -n --keep-going && python tools/build_pdf\.py$",
+                     readme, re.M), "README's build command also writes _build/pdf/book.pdf"

@@ -5,7 +5,8 @@ its URL and branch are read from ``_config.yml`` (``repository.url``, ``reposito
 live — and calls ``tools/colab_install.py``, which installs memlib and the pinned requirements without
 reinstalling Colab's torch. The cell is tagged ``colab-setup`` (how this script finds it again) and
 ``remove-cell`` (the published page does not show it; the notebook opened on Colab does). nbval runs it like
-any other cell, which checks that it stays silent outside Colab.
+any other cell, which checks that it stays silent outside Colab. When the clone fails (a wrong URL, a private
+repository, no network) the cell stops with one line naming the URL and git's message, not a traceback.
 
 Idempotent: a notebook is rewritten only when its cell is missing, outdated or not the first code cell.
 
@@ -40,8 +41,12 @@ if "google.colab" in sys.modules:
     import os, subprocess
     _book = "/content/{name}"
     if not os.path.isdir(_book):
-        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{branch}",
-                        "{url}", _book], check=True)
+        _clone = subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{branch}",
+                                 "{url}", _book], capture_output=True, text=True)
+        if _clone.returncode != 0:
+            raise SystemExit("Could not clone the book's repository {url} (branch {branch}): "
+                             + (_clone.stderr.strip().splitlines() or ["git failed"])[-1]
+                             + ". Publish it there, or set repository.url in _config.yml and run tools/colab_cell.py.")
     sys.path.insert(0, _book + "/tools")
     import colab_install
     colab_install.setup(_book, "{folder}")'''
@@ -82,6 +87,12 @@ def update_notebook(path: Path, url: str, branch: str, write: bool = True) -> bo
             and existing[0].source == source and existing[0].metadata.get("tags") == TAGS):
         return False
     if not write:
+        return True
+    if (len(existing) == 1 and first is not None and nb.cells[first] is existing[0]
+            and existing[0].metadata.get("tags") == TAGS):
+        existing[0].source = source  # only the text changed: keep the cell's id, execution count and metadata
+        nbformat.validate(nb)
+        nbformat.write(nb, path)
         return True
     nb.cells = [c for c in nb.cells if not _is_setup(c)]
     cell = nbformat.v4.new_code_cell(source=source, metadata={"tags": list(TAGS)})
