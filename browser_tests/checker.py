@@ -412,34 +412,48 @@ def navigation_walk(root: Path, page: str, width: int, height: int = 900,
                 state = lambda: pg.evaluate(_NAV_STATE_JS)  # noqa: E731
 
                 def click(selector: str) -> None:
+                    # a button keeps focus (and its tooltip) after Escape; a tooltip over the next button would
+                    # take the click, so blur it and move the pointer away first
+                    pg.evaluate("() => document.activeElement && document.activeElement.blur()")
+                    pg.mouse.move(width // 2, height - 2)  # over the page text, away from the header
                     buttons = pg.locator(f"{selector} >> visible=true")
                     if buttons.count():
-                        buttons.first.click(timeout=5_000)
+                        buttons.first.click(timeout=15_000)
                     pg.wait_for_timeout(400)
+
+                def settled(key: str, want: bool) -> dict:
+                    """The state once ``key`` reads ``want`` (polled up to 5 s: a loaded machine animates slowly)."""
+                    s = state()
+                    for _ in range(50):
+                        if bool(s[key]) == want:
+                            break
+                        pg.wait_for_timeout(100)
+                        s = state()
+                    return s
 
                 steps["loaded"] = state()
                 click(".primary-toggle")
-                steps["toc_open"] = state()
+                steps["toc_open"] = settled("primaryOpen", True)
                 if screenshot is not None:
                     screenshot.parent.mkdir(parents=True, exist_ok=True)
                     pg.screenshot(path=str(screenshot))
                 pg.keyboard.press("Escape")
                 pg.wait_for_timeout(400)
-                steps["toc_closed_by_escape"] = state()
+                steps["toc_closed_by_escape"] = settled("primaryOpen", False)
                 click(".primary-toggle")
-                opened = state()
+                opened = settled("primaryOpen", True)
                 if opened["primaryOpen"]:
                     pg.mouse.click(min(width - 5, opened["primaryRight"] + 40), height // 2)
                     pg.wait_for_timeout(400)
-                steps["toc_closed_by_backdrop"] = state()
+                steps["toc_closed_by_backdrop"] = settled("primaryOpen", False)
                 if steps["loaded"]["secondaryToggles"]:
                     click(".secondary-toggle")
-                    steps["contents_open"] = state()
+                    steps["contents_open"] = settled("secondaryOpen", True)
                     pg.keyboard.press("Escape")
                     pg.wait_for_timeout(400)
-                    steps["contents_closed"] = state()
+                    steps["contents_closed"] = settled("secondaryOpen", False)
                 click(".search-button-field, .search-button")
-                steps["search_open"] = state()
+                steps["search_open"] = settled("searchOpen", True)
                 pg.keyboard.press("Escape")
                 pg.wait_for_timeout(400)
                 click(".primary-toggle")
