@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .configs import ModelConfig, check_seq_len, load_config
+from . import families_dense
+from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .lora import LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
@@ -210,6 +211,11 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
 
     def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
         terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
+
+    if cfg.model_type in DENSE_FAMILIES:  # Gemma 2/3, Phi-3, GPT-NeoX, Falcon: memlib/families_dense.py
+        families_dense.dense_activation_terms(cfg, add, batch_size=b, seq_len=s, act_bytes=e, attention=attention,
+                                              dropout=dropout)
+        return terms
 
     if cfg.model_type == "gpt2":
         p_attn = cfg.attn_dropout if dropout else 0.0
