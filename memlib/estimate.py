@@ -550,7 +550,8 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     """Estimate inference memory: weights + KV cache for ``batch_size`` sequences of ``seq_len`` tokens.
 
     Introduced in Chapter 1. KV cache = 2 × layers × kv_heads × head_dim × seq_len × batch × bytes: GQA and
-    MQA shrink it by num_heads / num_kv_heads.
+    MQA shrink it by num_heads / num_kv_heads; Gemma 2/3's sliding-window layers cache at most their window
+    (:func:`memlib.inference.kv_cache_bytes`).
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -573,7 +574,9 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     else:  # quantized matrices; embeddings and norms stay in 16 bits, as in bitsandbytes/GPTQ practice
         dense = pc.params - pc.embeddings - pc.lm_head - pc.norms
         w_bytes = int(per_param * dense) + 2 * (pc.embeddings + pc.lm_head + pc.norms)
-    kv = 2 * cfg.num_layers * cfg.kv_dim * s * b * KV_DTYPES[kv_dtype]
+    from .inference import kv_cache_bytes  # inference builds on this module
+
+    kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding-window layers (Gemma 2/3) cache at most their window
     settings = {"model": cfg.name, "batch_size": b, "seq_len": s, "weights": weights, "kv_dtype": kv_dtype,
                 "params": pc.params}
     return InferenceEstimate(w_bytes, kv, w_bytes + kv, settings)

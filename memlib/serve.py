@@ -29,7 +29,8 @@ from .dtypes import GiB, MiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_inference
 from .gpus import get_gpu
-from .inference import DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_heads_for
+from .inference import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
+                        kv_heads_for)
 
 __all__ = [
     "SERVE_KV_DTYPES",
@@ -191,6 +192,13 @@ def _check_block_size(block_size: int) -> int:
     return bs
 
 
+def _request_kv_bytes(cfg: ModelConfig, tokens: int, kv_dtype: str, tensor_parallel: int) -> int:
+    """KV bytes of one request of ``tokens`` tokens on one GPU, sliding-window layers capped at their window
+    (:func:`memlib.inference.kv_cached_tokens`; vLLM's ``SlidingWindowSpec`` frees the blocks behind it)."""
+    per_layer_token = serve_kv_bytes_per_token(cfg, kv_dtype, tensor_parallel) // cfg.num_layers
+    return per_layer_token * sum(kv_cached_tokens(cfg, tokens))
+
+
 def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_memory: int | str | None = None,
           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, kv_dtype: str = "fp16",
           weights: str = "fp16", block_size: int = DEFAULT_BLOCK_SIZE,
@@ -283,13 +291,16 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     elif k:
         raise MemlibError(f"num_speculative_tokens {k} needs a draft model; expected 0 without --draft")
 
+    request = _request_kv_bytes(cfg, length + k, kv_dtype, tp)
+    if draft is not None:
+        request += _request_kv_bytes(dcfg, length + k, kv_dtype, dtp)
     act = forward_activation_bytes(cfg, chunk, min(seqs, chunk), tensor_parallel=tp)
     budget = int(mem * util)
     kv_budget = budget - w - draft_w - act - overhead - graphs
     block_bytes = bs * per_token
     num_blocks = max(kv_budget, 0) // block_bytes
     usable = max(num_blocks - 1, 0)  # the block pool keeps one null block
-    blocks_per_seq = -(-(length + k) // bs)
+    blocks_per_seq = -(-request // block_bytes)  # ceil((length + k) / block_size) without sliding-window layers
     concurrent = usable // blocks_per_seq
     shared = int(rate * length) // bs  # full blocks of the shared prefix, held once
     private = blocks_per_seq - shared
