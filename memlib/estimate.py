@@ -460,9 +460,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     L, h, V, f = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     e = 4 if precision == "fp32" else 2
     T = b * s
-    if method != "full" and cfg.model_type == "olmo2":
+    if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
         raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
-                          f"olmo2; expected method 'full' (or trace a LoRA step: memlib.lora)")
+                          f"{cfg.model_type}; expected method 'full' (or trace a LoRA step: memlib.lora)")
     if method != "full" and cfg.model_type != "gpt2":
         # LoRA (peft, lora_dropout=0; measured in Chapter 9): frozen weights drop what only their weight
         # gradients needed — the RMSNorms' normalized and weighted outputs, the MLP product feeding down_proj,

@@ -111,7 +111,7 @@ def _attention_terms(cfg: ModelConfig, add: Add, *, b: int, s: int, e: int, atte
             k_v = (kv, q + 2 * kv if b == 1 and fused_v else kv)
         part("q; k, v as the products keep them", e * T * (q + sum(k_v)), f"{e}·bs·(a·d + k + v)")
         if cfg.attn_softcap is not None:
-            part("soft-capped scores: tanh output", e * b * a * s * s, f"{e}·bas²")
+            part("scores soft-capped before the softmax: tanh output", e * b * a * s * s, f"{e}·bas²")
         if t == "falcon":
             part("softmax probabilities (activation dtype)", e * b * a * s * s, f"{e}·bas²")
         else:
