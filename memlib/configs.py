@@ -425,7 +425,8 @@ def _dense_family_config(d: dict[str, Any], name: str) -> ModelConfig:
         layer_types = _layer_types(d, layers, pattern)
     elif model_type == "phi3" and d.get("sliding_window") is not None:
         window = _positive(d, ("sliding_window",))
-    rope = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    rope_value = d.get("rope_parameters")
+    rope: dict[str, Any] = rope_value if isinstance(rope_value, dict) else {}
     if model_type == "gpt_neox":
         factor = rope.get("partial_rotary_factor", d.get("rotary_pct", 0.25))
     elif model_type == "phi3":
