@@ -5,7 +5,10 @@ shorter, e.g. GPT-2's 1024 — eager and sdpa, no recomputation) and the median 
 
 ``--families``: every model family memlib traces (its own and those transformers builds: qwen3, gemma2/3, phi3,
 mixtral, qwen2_moe, deepseek, olmo2, gpt_neox, falcon), tiny configs traced on meta and on real CPU tensors,
-estimated where memlib derives the family; ``--current`` adds the shipped current models traced on meta.
+estimated where memlib derives the family; ``--current`` adds the shipped current models traced on meta. The dense
+families of memlib/families_dense.py (gemma2, gemma3_text, phi3, gpt_neox, falcon) run at batch 1 and 4 with every
+attention transformers has for them (Gemma 2: eager only), their shipped models too (target: median ≤ 1 %, max
+≤ 3 %). ``--only gemma2,phi3`` restricts both tables to those model types.
 """
 from __future__ import annotations
 
