@@ -1,6 +1,9 @@
 """Dense families of issue 20 (Gemma 2, Gemma 3, Phi-3, GPT-NeoX, Falcon): configs, counts, activations, KV, CLI."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -232,3 +235,11 @@ def test_cli_serve_and_infer_gemma2(capsys: pytest.CaptureFixture) -> None:
     assert "blocks_per_seq                        384" in capsys.readouterr().out
     assert main(["infer", "gemma-2-9b", "--seq-len", "8192", "--json"]) == 0
     assert '"kv_cache_bytes": 2113929216' in capsys.readouterr().out  # 8,192 × 258,048
+
+
+def test_dense_families_need_no_torch() -> None:
+    code = ("import sys; from memlib.estimate import activation_terms, estimate_inference; "
+            "from memlib.params import count_params; activation_terms('gemma-3-27b'); count_params('falcon-7b'); "
+            "estimate_inference('gemma-2-9b', seq_len=8192); "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
