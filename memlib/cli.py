@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan import JOBS
     from .dtypes import WEIGHT_FORMATS
 
-    models_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
+    models_help = f"shipped model ({', '.join(shipped_models(all_models=True))}) or path to a config.json"
+    plan_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
     parser = _Parser(prog="memlib", description="GPU memory estimates and measurements for training and inference.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -49,15 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="estimated training memory per GPU")
     t.add_argument("model", nargs="?", help=models_help)
-    t.add_argument("--params", type=_positive_int, help="parameter count instead of a model (model states only)")
-    t.add_argument("--batch", type=_positive_int, default=1, help="micro-batch size per GPU (default 1)")
-    t.add_argument("--seq", type=_positive_int, default=512, help="sequence length (default 512)")
+    t.add_argument("--params", type=_positive_int,
+                   help="parameter count instead of a model: model states only (weights, gradients, optimizer "
+                        "states), no activations")
+    t.add_argument("--batch", "--batch-size", type=_positive_int, default=1, help="micro-batch size per GPU (default 1)")
+    t.add_argument("--seq", "--seq-len", type=_positive_int, default=512, help="sequence length (default 512)")
     t.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     t.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    t.add_argument("--attention", choices=ATTENTION, default="sdpa")
+    t.add_argument("--attention", choices=ATTENTION, default=None,
+                   help="default sdpa (eager for gemma2, which transformers runs eager only)")
     t.add_argument("--checkpoint-every", type=_positive_int, default=1,
                    help="with --recompute full: decoder layers per checkpointed segment (default 1)")
     t.add_argument("--offload", choices=OFFLOAD, default="none",
@@ -69,14 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("infer", help="estimated inference memory: weights + KV cache")
     i.add_argument("model", help=models_help)
-    i.add_argument("--batch", type=_positive_int, default=1)
-    i.add_argument("--seq", type=_positive_int, default=2048, help="tokens held per sequence (default 2048)")
+    i.add_argument("--batch", "--batch-size", type=_positive_int, default=1)
+    i.add_argument("--seq", "--seq-len", type=_positive_int, default=2048,
+                   help="tokens held per sequence (default 2048)")
     i.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16")
     i.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp16")
     i.add_argument("--json", action="store_true", help="machine-readable output")
 
     pl = sub.add_parser("plan", help="cheapest combination of memory techniques that fits the GPUs")
-    pl.add_argument("model", help=models_help)
+    pl.add_argument("model", help=plan_help)
     pl.add_argument("--job", choices=JOBS, default="train")
     pl.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs (default 1)")
     pl.add_argument("--gpu-mem", default=None,
@@ -120,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("trace", help="measure a real training step on the meta device (needs torch)")
     r.add_argument("model", help=models_help)
-    r.add_argument("--batch", type=_positive_int, default=1)
-    r.add_argument("--seq", type=_positive_int, default=512)
+    r.add_argument("--batch", "--batch-size", type=_positive_int, default=1)
+    r.add_argument("--seq", "--seq-len", type=_positive_int, default=512)
     r.add_argument("--precision", choices=("fp32", "fp16-mixed", "bf16-mixed", "bf16"), default="bf16-mixed")
     r.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     r.add_argument("--attention", choices=ATTENTION, default="sdpa")
@@ -155,15 +160,25 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
         if args.model is None and args.params is None:
             raise MemlibError("give a model (shipped name or config.json) or --params N")
+        attention = args.attention
+        if attention is None:  # transformers has no sdpa attention for gemma2 (soft-capped logits)
+            from .configs import load_config
+
+            eager_only = args.model is not None and load_config(args.model).model_type == "gemma2"
+            attention = "eager" if eager_only else "sdpa"
         est = estimate_training(args.model, params=args.params, batch_size=args.batch, seq_len=args.seq,
                                 precision=args.precision, optimizer=args.optimizer, zero_stage=args.zero,
-                                num_gpus=args.gpus, recompute=args.recompute, attention=args.attention,
+                                num_gpus=args.gpus, recompute=args.recompute, attention=attention,
                                 checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
                                 lora_rank=args.lora_rank, lora_targets=args.lora_targets)
         data = est.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
-        return data, _table(rows, f"training memory per GPU ({head})")
+        text = _table(rows, f"training memory per GPU ({head})")
+        if args.model is None:
+            text += ("\nnote: --params counts model states only (weights, gradients, optimizer states), no "
+                     "activations; give a model (shipped name or config.json) to add them")
+        return data, text
     if args.command == "infer":
         from .estimate import estimate_inference
 

@@ -21,7 +21,16 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "gemma": "GemmaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    # the dense families of issue 20, read by _dense_family_config (their terms: memlib/families_dense.py)
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "falcon": "FalconForCausalLM",
 }
+
+#: The families whose config :func:`_dense_family_config` reads (their own field names and defaults).
+DENSE_FAMILIES = ("gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon")
 
 _GATED_ACTS = {"silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new"}
 
@@ -34,8 +43,8 @@ class ModelConfig:
 
     Attributes:
         name: shipped name or file stem.
-        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma, qwen3, olmo2; any other
-            with ``native=False``).
+        model_type: Hugging Face ``model_type`` (gpt2, llama, mistral, qwen2, gemma, qwen3, olmo2, gemma2,
+            gemma3_text, phi3, gpt_neox, falcon; any other with ``native=False``).
         hidden_size: model width h.
         num_layers: number of transformer blocks L.
         num_heads: query heads a.
@@ -47,7 +56,7 @@ class ModelConfig:
         max_positions: longest sequence the model accepts: ``max_position_embeddings``, or longer where the
             config scales its rotary embeddings (see :func:`load_config`); memlib refuses longer sequences.
         tie_word_embeddings: whether the LM head shares the embedding matrix.
-        mlp: ``"gelu"`` (two matrices, GPT-2) or ``"gated"`` (gate/up/down: SwiGLU, GeGLU).
+        mlp: ``"gelu"`` (two matrices: GPT-2, GPT-NeoX, Falcon) or ``"gated"`` (gate/up/down: SwiGLU, GeGLU).
         norm: ``"layernorm"`` (weight and bias) or ``"rmsnorm"`` (weight only).
         qkv_bias: biases on the q/k/v projections (gpt2, qwen2).
         out_bias: bias on the attention output projection (gpt2).
@@ -62,6 +71,20 @@ class ModelConfig:
             model type only transformers knows (``load_config(..., any_family=True)``): its sizes are read
             from the transformers config class, and only :mod:`memlib.trace` and :func:`memlib.params.count_params`
             (which builds it on the meta device) accept it.
+        layer_types: per layer ``"sliding_attention"`` or ``"full_attention"`` (Gemma 2 alternates, Gemma 3 has
+            five local layers to one global); empty when every layer attends alike (Mistral's window applies to
+            all of its layers, read from ``raw``).
+        sliding_window: tokens a sliding-window layer attends to (Gemma 2/3, Phi-3); None without one.
+        attn_softcap: Gemma 2's ``attn_logit_softcapping`` (scores = c·tanh(scores/c)); None without.
+        final_softcap: Gemma 2's ``final_logit_softcapping`` on the logits; None without.
+        parallel_residual: attention and MLP read the same layer input (GPT-NeoX ``use_parallel_residual``,
+            Falcon ``parallel_attn`` or ``new_decoder_architecture``).
+        rotary_dim: rotary width per head, read for the families of :data:`DENSE_FAMILIES` (GPT-NeoX:
+            ``rotary_pct`` × head_dim; 0 with Falcon's ALiBi); 0 (unused) for the others.
+        post_norms: a norm after attention and after the MLP as well as before (Gemma 2/3).
+        qk_norm: RMSNorm of each query and key head before rotary (Gemma 3).
+        num_norms_in: LayerNorms that read the layer input (Falcon's ``new_decoder_architecture``: 2).
+        alibi: Falcon's ALiBi position bias instead of rotary.
     """
 
     name: str
@@ -88,6 +111,16 @@ class ModelConfig:
     embd_dropout: float
     raw: dict[str, Any] = field(repr=False, compare=False, hash=False)
     native: bool = field(default=True, compare=False)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    parallel_residual: bool = False
+    rotary_dim: int = 0
+    post_norms: bool = False
+    qk_norm: bool = False
+    num_norms_in: int = 1
+    alibi: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -274,12 +307,159 @@ def _from_transformers(d: dict[str, Any], name: str) -> ModelConfig:
     )
 
 
+def _flag(d: dict[str, Any], key: str, default: bool) -> bool:
+    value = d.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise MemlibError(f"config field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _probability(d: dict[str, Any], key: str) -> float:
+    value = d.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise MemlibError(f"config field {key!r} must be a probability in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _softcap(d: dict[str, Any], key: str, default: float | None) -> float | None:
+    value = d.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise MemlibError(f"config field {key!r} must be a positive number or null, got {value!r}")
+    return float(value)
+
+
+def _layer_types(d: dict[str, Any], layers: int, pattern: int) -> tuple[str, ...]:
+    """Gemma 2/3 layer kinds: the config's ``layer_types``, else every ``pattern``-th layer global.
+
+    As ``Gemma2Config``/``Gemma3TextConfig.__post_init__`` decide: layer i is ``"sliding_attention"`` when
+    ``(i + 1) % pattern`` is nonzero (Gemma 2: pattern 2, local first; Gemma 3: ``sliding_window_pattern``,
+    6 by default: five local layers, then one global).
+    """
+    given = d.get("layer_types")
+    kinds = ("sliding_attention", "full_attention")
+    if given is None:
+        return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers))
+    if not isinstance(given, list) or len(given) != layers or any(k not in kinds for k in given):
+        raise MemlibError(f"config field 'layer_types' must list {layers} entries, each one of: {', '.join(kinds)}; "
+                          f"got {given!r}")
+    return tuple(given)
+
+
+def _dense_family_config(d: dict[str, Any], name: str) -> ModelConfig:
+    """A ModelConfig of gemma2, gemma3_text, phi3, gpt_neox or falcon, with transformers' defaults.
+
+    The defaults are those of ``Gemma2Config``, ``Gemma3TextConfig``, ``Phi3Config``, ``GPTNeoXConfig`` and
+    ``FalconConfig`` (transformers 5): a field missing from the config.json takes the class's value.
+    """
+    model_type = str(d["model_type"])
+    hidden = _positive(d, ("hidden_size",))
+    layers = _positive(d, ("num_hidden_layers",))
+    heads = _positive(d, ("num_attention_heads",))
+    vocab = _positive(d, ("vocab_size",))
+    gemma = model_type in ("gemma2", "gemma3_text")
+    if gemma:
+        head_dim = _positive(d, ("head_dim",), 256)
+    else:
+        if hidden % heads != 0:
+            raise MemlibError(f"num_attention_heads {heads} does not divide hidden_size {hidden}; "
+                              f"choose heads among the divisors of {hidden}")
+        head_dim = hidden // heads
+    if model_type == "falcon":
+        new_arch = _flag(d, "new_decoder_architecture", False)
+        multi_query = _flag(d, "multi_query", True)
+        groups = _positive(d, ("num_kv_heads",), heads)
+        kv_heads = groups if (new_arch or not multi_query) else 1
+        inner = _positive(d, ("ffn_hidden_size",), 4 * hidden)
+        act = d.get("activation") or "gelu"
+        parallel = new_arch or _flag(d, "parallel_attn", True)
+        n_in = (d.get("num_ln_in_parallel_attn") or 2) if new_arch else 1
+        if n_in not in (1, 2):
+            raise MemlibError(f"config field 'num_ln_in_parallel_attn' must be 1 or 2, got {n_in!r}")
+        alibi = _flag(d, "alibi", False)
+        bias = _flag(d, "bias", False)
+        qkv_bias = out_bias = mlp_bias = bias
+        attn_p, resid_p, embd_p = _probability(d, "attention_dropout"), _probability(d, "hidden_dropout"), 0.0
+        tie = _flag(d, "tie_word_embeddings", True)
+        max_pos = _positive(d, ("max_position_embeddings",), 2048)
+    elif model_type == "gpt_neox":
+        kv_heads = heads
+        inner = _positive(d, ("intermediate_size",), 24576)
+        act = d.get("hidden_act") or "gelu"
+        parallel, n_in, alibi = _flag(d, "use_parallel_residual", True), 1, False
+        qkv_bias = out_bias = _flag(d, "attention_bias", True)
+        mlp_bias = True
+        attn_p, resid_p = _probability(d, "attention_dropout"), _probability(d, "hidden_dropout")
+        embd_p = resid_p  # GPTNeoXModel.emb_dropout uses hidden_dropout
+        tie = _flag(d, "tie_word_embeddings", False)
+        max_pos = _positive(d, ("max_position_embeddings",), 2048)
+    else:  # gemma2, gemma3_text, phi3: llama-like blocks
+        kv_heads = _positive(d, ("num_key_value_heads",), 4 if gemma else heads)
+        inner = _positive(d, ("intermediate_size",), 9216 if gemma else 8192)
+        act = d.get("hidden_activation") or d.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
+        if act not in _GATED_ACTS:
+            raise MemlibError(f"unsupported hidden_act {act!r}; expected one of: {', '.join(sorted(_GATED_ACTS))}")
+        parallel, n_in, alibi = False, 1, False
+        qkv_bias = out_bias = _flag(d, "attention_bias", False)
+        mlp_bias = False
+        attn_p = _probability(d, "attention_dropout")
+        resid_p = _probability(d, "resid_pdrop") if model_type == "phi3" else 0.0
+        embd_p = 0.0  # Phi3Model reads embd_pdrop but applies no embedding dropout
+        tie = _flag(d, "tie_word_embeddings", gemma)
+        max_pos = _positive(d, ("max_position_embeddings",), {"gemma2": 8192, "gemma3_text": 131072}.get(model_type, 4096))
+    if model_type in ("gpt_neox", "falcon") and act not in ("gelu",):
+        raise MemlibError(f"unsupported activation {act!r} for {model_type}; expected one of: gelu")
+    if heads % kv_heads != 0:
+        raise MemlibError(f"{'num_kv_heads' if model_type == 'falcon' else 'num_key_value_heads'} {kv_heads} does not "
+                          f"divide num_attention_heads {heads}")
+    window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    if gemma:
+        window = _positive(d, ("sliding_window",), 4096)
+        pattern = 2 if model_type == "gemma2" else _positive(d, ("sliding_window_pattern",), 6)
+        layer_types = _layer_types(d, layers, pattern)
+    elif model_type == "phi3" and d.get("sliding_window") is not None:
+        window = _positive(d, ("sliding_window",))
+    rope_value = d.get("rope_parameters")
+    rope: dict[str, Any] = rope_value if isinstance(rope_value, dict) else {}
+    if model_type == "gpt_neox":
+        factor = rope.get("partial_rotary_factor", d.get("rotary_pct", 0.25))
+    elif model_type == "phi3":
+        factor = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    else:
+        factor = 1.0
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise MemlibError(f"rotary fraction (rotary_pct / partial_rotary_factor) must be in (0, 1], got {factor!r}")
+    return ModelConfig(
+        name=name, model_type=model_type, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inner, vocab_size=vocab,
+        max_position_embeddings=max_pos, max_positions=max_pos,  # these configs state their scaled length
+        tie_word_embeddings=tie, mlp="gated" if act in _GATED_ACTS and model_type not in ("gpt_neox", "falcon")
+        else "gelu", norm="layernorm" if model_type in ("gpt_neox", "falcon") else "rmsnorm",
+        qkv_bias=qkv_bias, out_bias=out_bias, mlp_bias=mlp_bias, learned_positions=False, embed_scale=gemma,
+        attn_dropout=attn_p, resid_dropout=resid_p, embd_dropout=embd_p, raw=dict(d),
+        layer_types=layer_types, sliding_window=window,
+        attn_softcap=_softcap(d, "attn_logit_softcapping", 50.0 if model_type == "gemma2" else None) if gemma else None,
+        final_softcap=_softcap(d, "final_logit_softcapping", 30.0 if model_type == "gemma2" else None) if gemma
+        else None,
+        parallel_residual=parallel, rotary_dim=0 if alibi else int(head_dim * factor), post_norms=gemma,
+        qk_norm=model_type == "gemma3_text", num_norms_in=n_in, alibi=alibi,
+    )
+
+
 def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelConfig:
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         if any_family:
             return _from_transformers(d, name)
         raise _unsupported(model_type, False)
+    if model_type in DENSE_FAMILIES:
+        return _dense_family_config(d, name)
     hidden = _positive(d, ("hidden_size", "n_embd"))
     layers = _positive(d, ("num_hidden_layers", "n_layer"))
     heads = _positive(d, ("num_attention_heads", "n_head"))

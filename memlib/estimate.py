@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .configs import ModelConfig, check_seq_len, load_config
+from . import families_dense
+from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .lora import LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
@@ -210,6 +211,11 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
 
     def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
         terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
+
+    if cfg.model_type in DENSE_FAMILIES:  # Gemma 2/3, Phi-3, GPT-NeoX, Falcon: memlib/families_dense.py
+        families_dense.dense_activation_terms(cfg, add, batch_size=b, seq_len=s, act_bytes=e, attention=attention,
+                                              dropout=dropout)
+        return terms
 
     if cfg.model_type == "gpt2":
         p_attn = cfg.attn_dropout if dropout else 0.0
@@ -454,9 +460,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     L, h, V, f = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
     e = 4 if precision == "fp32" else 2
     T = b * s
-    if method != "full" and cfg.model_type == "olmo2":
+    if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
         raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
-                          f"olmo2; expected method 'full' (or trace a LoRA step: memlib.lora)")
+                          f"{cfg.model_type}; expected method 'full' (or trace a LoRA step: memlib.lora)")
     if method != "full" and cfg.model_type != "gpt2":
         # LoRA (peft, lora_dropout=0; measured in Chapter 9): frozen weights drop what only their weight
         # gradients needed — the RMSNorms' normalized and weighted outputs, the MLP product feeding down_proj,
@@ -544,7 +550,8 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     """Estimate inference memory: weights + KV cache for ``batch_size`` sequences of ``seq_len`` tokens.
 
     Introduced in Chapter 1. KV cache = 2 × layers × kv_heads × head_dim × seq_len × batch × bytes: GQA and
-    MQA shrink it by num_heads / num_kv_heads.
+    MQA shrink it by num_heads / num_kv_heads; Gemma 2/3's sliding-window layers cache at most their window
+    (:func:`memlib.inference.kv_cache_bytes`).
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -567,7 +574,9 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     else:  # quantized matrices; embeddings and norms stay in 16 bits, as in bitsandbytes/GPTQ practice
         dense = pc.params - pc.embeddings - pc.lm_head - pc.norms
         w_bytes = int(per_param * dense) + 2 * (pc.embeddings + pc.lm_head + pc.norms)
-    kv = 2 * cfg.num_layers * cfg.kv_dim * s * b * KV_DTYPES[kv_dtype]
+    from .inference import kv_cache_bytes  # inference builds on this module
+
+    kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding-window layers (Gemma 2/3) cache at most their window
     settings = {"model": cfg.name, "batch_size": b, "seq_len": s, "weights": weights, "kv_dtype": kv_dtype,
                 "params": pc.params}
     return InferenceEstimate(w_bytes, kv, w_bytes + kv, settings)

@@ -31,6 +31,8 @@ __all__ = [
     "ServingFit",
     "kv_heads_for",
     "kv_bytes_per_token",
+    "kv_cached_tokens",
+    "kv_cache_bytes",
     "forward_activation_bytes",
     "serving_reserve",
     "reserve_bytes",
@@ -198,8 +200,59 @@ def kv_heads_for(model: ModelLike, layout: str | None = None, num_kv_heads: int 
     return groups
 
 
+def kv_cached_tokens(model: ModelLike, seq_len: int) -> tuple[int, ...]:
+    """Tokens each layer's KV cache holds once a sequence has ``seq_len`` tokens. Introduced in Chapter 11.
+
+    A sliding-window layer attends to the last ``sliding_window`` tokens only, so its cache keeps at most that
+    many (transformers' ``DynamicSlidingWindowLayer`` for the ``layer_types`` of Gemma 2 — every other layer —
+    and Gemma 3 — five local layers in six; vLLM's ``SlidingWindowSpec``); a global layer keeps every token.
+    A window over all layers (Mistral's, Phi-3's ``sliding_window``) is not capped here: those models are
+    counted as before, every layer keeping every token.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        seq_len: tokens in the sequence (prompt + generated).
+
+    Returns:
+        Cached tokens per layer.
+    """
+    cfg = load_config(model)
+    s = check_positive("seq_len", seq_len)
+    window = cfg.sliding_window
+    if window is None or not cfg.layer_types:
+        return (s,) * cfg.num_layers
+    return tuple(min(s, window) if kind == "sliding_attention" else s for kind in cfg.layer_types)
+
+
+def kv_cache_bytes(model: ModelLike, seq_len: int, batch_size: int = 1, kv_dtype: str = "fp16", *,
+                   layout: str | None = None, num_kv_heads: int | None = None) -> int:
+    """Bytes of KV cache of ``batch_size`` sequences of ``seq_len`` tokens. Introduced in Chapter 11.
+
+    2 (K, V) × KV heads × head_dim × bytes × the tokens each layer caches (:func:`kv_cached_tokens`: sliding-
+    window layers of Gemma 2/3 stop at the window) × batch. Without such layers: 2 × layers × KV heads ×
+    head_dim × seq_len × batch × bytes. Falcon-7B's multi-query attention caches one KV head; GPT-NeoX
+    (Pythia) all of them.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        seq_len: tokens per sequence.
+        batch_size: sequences.
+        kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
+        layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured).
+        num_kv_heads: KV groups for ``layout="gqa"`` (default: the config's).
+
+    Returns:
+        Bytes.
+    """
+    cfg = load_config(model)
+    check_choice("kv dtype", kv_dtype, KV_DTYPES)
+    b = check_positive("batch_size", batch_size)
+    heads = kv_heads_for(cfg, layout, num_kv_heads)
+    return 2 * heads * cfg.head_dim * KV_DTYPES[kv_dtype] * sum(kv_cached_tokens(cfg, seq_len)) * b
+
+
 def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str | None = None,
-                       num_kv_heads: int | None = None) -> int:
+                       num_kv_heads: int | None = None, seq_len: int | None = None) -> int:
     """Bytes of KV cache per token of one sequence: 2 (K, V) × layers × KV heads × head_dim × bytes.
 
     Introduced in Chapter 11. MHA keeps one K/V head per query head; GQA (Ainslie et al. 2023) shares one
@@ -210,6 +263,9 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
         kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
         layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured).
         num_kv_heads: KV groups for ``layout="gqa"`` (default: the config's).
+        seq_len: with a sequence length, the average per token of a sequence that long (rounded up): Gemma 2/3's
+            sliding-window layers stop caching at their window, so past it a token costs less
+            (:func:`kv_cache_bytes` ÷ seq_len); None: every layer caching the token.
 
     Returns:
         Bytes per token.
@@ -217,6 +273,9 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     cfg = load_config(model)
     check_choice("kv dtype", kv_dtype, KV_DTYPES)
     heads = kv_heads_for(cfg, layout, num_kv_heads)
+    if seq_len is not None:
+        s = check_positive("seq_len", seq_len)
+        return -(-kv_cache_bytes(cfg, s, 1, kv_dtype, layout=layout, num_kv_heads=num_kv_heads) // s)
     return 2 * cfg.num_layers * heads * cfg.head_dim * KV_DTYPES[kv_dtype]
 
 
@@ -326,7 +385,7 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
         MemlibError: bad input, a ``seq_len`` above the model's positions, or a tensor-parallel degree the
             heads do not allow.
     """
-    from .serve import serve  # serve builds on this module's terms
+    from .serve import request_kv_bytes, serve  # serve builds on this module's terms
 
     gpu = check_positive("gpu_memory_bytes", gpu_memory_bytes)
     cfg = load_config(model)
@@ -338,7 +397,8 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
                 weights=weights, block_size=1, max_num_batched_tokens=tokens, max_num_seqs=b,
                 tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, layout=layout,
                 non_torch_bytes=cuda_context_bytes, cuda_graph_bytes=0, fragmentation=fragmentation)
-    kv_gpu = b * s * fit.kv_bytes_per_token
+    kv_gpu = b * request_kv_bytes(cfg, s, kv_dtype, fit.settings["tensor_parallel"],
+                                  pipeline_parallel=pipeline_parallel, layout=layout)  # sliding windows capped
     allocated = fit.weights_bytes + kv_gpu + fit.activation_bytes
     total = allocated + reserve_bytes(allocated, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
     frag = total - allocated - int(cuda_context_bytes)

@@ -5,7 +5,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .configs import ModelConfig, load_config
+from . import families_dense
+from .configs import DENSE_FAMILIES, ModelConfig, load_config
 
 __all__ = ["ParamCount", "count_params"]
 
@@ -67,10 +68,11 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     """Count the parameters of the transformers causal-LM class built from a config.
 
     Introduced in Chapter 1. Equal to ``sum(p.numel() for p in model.parameters())`` of the transformers
-    model (tested for every shipped config). memlib's own families (gpt2, llama, mistral, qwen2, gemma) are
-    counted from the config alone, without torch. Any other causal LM transformers knows (qwen3, gemma2/3,
-    phi3, mixtral, deepseek, olmo2, gpt_neox, falcon, ...) is counted from its class built on the meta device
-    (no memory, no download): that needs torch and transformers.
+    model (tested for every shipped config). memlib's own families (gpt2, llama, mistral, qwen2, gemma, qwen3,
+    olmo2, and gemma2, gemma3_text, phi3, gpt_neox, falcon through :mod:`memlib.families_dense`) are counted
+    from the config alone, without torch. Any other causal LM transformers knows (mixtral, deepseek, ...) is
+    counted from its class built on the meta device (no memory, no download): that needs torch and
+    transformers.
 
     Args:
         model: shipped name, path to a config.json, config dict or ModelConfig.
@@ -81,6 +83,8 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     cfg = load_config(model, any_family=True)
     if not cfg.native:
         return _count_built(cfg)
+    if cfg.model_type in DENSE_FAMILIES:
+        return _from_tensors(*families_dense.param_tensors(cfg), cfg.num_layers)
     h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
     layer = _layer_tensors(cfg)
     embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)
@@ -115,6 +119,19 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
         small_tensor_params=small,
         num_tensors=L * len(layer) + len(other_tensors),
     )
+
+
+def _from_tensors(layer: list[tuple[str, int]], outside: list[tuple[str, int]], num_layers: int) -> ParamCount:
+    """A ParamCount from (component, numel) lists of one layer's tensors and the tensors outside the layers."""
+    parts = {"embeddings": 0, "attention": 0, "mlp": 0, "norms": 0, "lm_head": 0}
+    for part, n in layer:
+        parts[part] += num_layers * n
+    for part, n in outside:
+        parts[part] += n
+    per_layer = sum(n for _, n in layer)
+    small = num_layers * sum(n for _, n in layer if n < 4096) + sum(n for _, n in outside if n < 4096)
+    return ParamCount(params=num_layers * per_layer + sum(n for _, n in outside), per_layer=per_layer,
+                      small_tensor_params=small, num_tensors=num_layers * len(layer) + len(outside), **parts)
 
 
 def _count_built(cfg: ModelConfig) -> ParamCount:

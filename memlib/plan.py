@@ -253,7 +253,7 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
                               reserve_bytes=reserve_for(total)))
         return fits
 
-    ladder = _ladder(kw, job, n_gpus, b)
+    ladder = _ladder(kw, job, n_gpus, b, cfg.model_type)
     chosen_idx = None
     if add("baseline", kw):
         chosen_idx = 0
@@ -299,12 +299,17 @@ def _public(k: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int) -> list[tuple[str, list[dict[str, Any]]]]:
-    """Each rung and the setting changes it tries, cheapest first (empty: not applicable)."""
+def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int,
+            model_type: str = "llama") -> list[tuple[str, list[dict[str, Any]]]]:
+    """Each rung and the setting changes it tries, cheapest first (empty: not applicable).
+
+    transformers runs Gemma 2 with eager attention only (no FlashAttention rung), and LoRA is estimated for
+    gpt2, llama, mistral, qwen2, gemma and qwen3 only (no LoRA rung for the others)."""
     multi = n_gpus > 1
+    lora_ok = model_type in ("gpt2", "llama", "mistral", "qwen2", "gemma", "qwen3")
     return [
         ("bf16 mixed precision", [{"precision": "bf16-mixed"}]),
-        ("FlashAttention", [{"attention": "sdpa"}]),
+        ("FlashAttention", [{"attention": "sdpa"}] if model_type != "gemma2" else []),
         ("gradient accumulation", [{"_accumulation_on": True}] if b > 1 else []),
         ("activation checkpointing", [{"recompute": "selective"}, {"recompute": "full"}]),
         ("ZeRO-2", [{"zero_stage": 2}] if multi else []),
@@ -313,8 +318,8 @@ def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int) -> list[tuple[str
         ("pure bf16", [{"precision": "bf16"}] if job == "train" else []),
         ("CPU offload", [{"offload": "optimizer"}, {"offload": "params+optimizer", "zero_stage": 3}]),
         ("LoRA / QLoRA", [{"method": "lora", "offload": "none"}, {"method": "qlora", "offload": "none"},
-                          {"method": "qlora"}] if job == "train"
-         else [{"method": "qlora", "offload": "none"}, {"method": "qlora"}] if job == "lora" else []),
+                          {"method": "qlora"}] if job == "train" and lora_ok
+         else [{"method": "qlora", "offload": "none"}, {"method": "qlora"}] if job == "lora" and lora_ok else []),
     ]
 
 

@@ -30,7 +30,8 @@ from .dtypes import GiB, MiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_inference
 from .gpus import get_gpu
-from .inference import DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_heads_for
+from .inference import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
+                        kv_heads_for)
 
 __all__ = [
     "SERVE_KV_DTYPES",
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_BLOCK_SIZE",
     "ServeFit",
     "serve_kv_bytes_per_token",
+    "request_kv_bytes",
     "serve",
     "decode_bytes_per_step",
     "decode_latency_s",
@@ -205,6 +207,32 @@ def _check_block_size(block_size: int) -> int:
     return bs
 
 
+def request_kv_bytes(model: ModelLike, tokens: int, kv_dtype: str = "fp16", tensor_parallel: int = 1, *,
+                     pipeline_parallel: int = 1, layout: str | None = None) -> int:
+    """KV bytes of one request of ``tokens`` tokens on one GPU. Chapters 11 and 14.
+
+    Sliding-window layers stop at their window (:func:`memlib.inference.kv_cached_tokens`; vLLM's
+    ``SlidingWindowSpec`` frees the blocks behind it); with pipeline stages, the fullest stage's share
+    (ceil(L / stages) of the L layers). Without sliding-window layers: tokens × :func:`serve_kv_bytes_per_token`.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        tokens: tokens the request holds.
+        kv_dtype: one of :data:`SERVE_KV_DTYPES`.
+        tensor_parallel: GPUs the KV heads are split over.
+        pipeline_parallel: pipeline stages.
+        layout: KV layout override (``"mha"``, ``"gqa"``, ``"mqa"``) or None.
+
+    Returns:
+        Bytes.
+    """
+    cfg = load_config(model)
+    n = check_positive("tokens", tokens)
+    per_layer_token = serve_kv_bytes_per_token(cfg, kv_dtype, tensor_parallel, layout=layout) // cfg.num_layers
+    stage = _stage_layers(cfg, pipeline_parallel)
+    return -(-per_layer_token * sum(kv_cached_tokens(cfg, n)) * stage // cfg.num_layers)
+
+
 def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_memory: int | str | None = None,
           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, kv_dtype: str = "fp16",
           weights: str = "fp16", block_size: int = DEFAULT_BLOCK_SIZE,
@@ -313,6 +341,9 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     elif k:
         raise MemlibError(f"num_speculative_tokens {k} needs a draft model; expected 0 without --draft")
 
+    request = request_kv_bytes(cfg, length + k, kv_dtype, tp, pipeline_parallel=pp, layout=layout)
+    if draft is not None:
+        request += request_kv_bytes(dcfg, length + k, kv_dtype, dtp)
     act = forward_activation_bytes(cfg, chunk, min(seqs, chunk), tensor_parallel=tp)
     budget = int(mem * util)
     held = budget - overhead - graphs  # what the tensors may take, fragmentation included
@@ -322,7 +353,7 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     block_bytes = bs * per_token
     num_blocks = max(kv_budget, 0) // block_bytes
     usable = max(num_blocks - 1, 0)  # the block pool keeps one null block
-    blocks_per_seq = -(-(length + k) // bs)
+    blocks_per_seq = -(-request // block_bytes)  # ceil((length + k) / block_size) without sliding-window layers
     concurrent = usable // blocks_per_seq
     shared = int(rate * length) // bs  # full blocks of the shared prefix, held once
     private = blocks_per_seq - shared

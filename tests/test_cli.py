@@ -32,6 +32,26 @@ def test_train_params_only(capsys: pytest.CaptureFixture) -> None:
     assert data["activations_bytes"] is None and data["total_bytes"] == 1_875_000_000
 
 
+def test_train_params_says_model_states_only(capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--params", "7000000000"]) == 0
+    out = capsys.readouterr().out
+    assert "note: --params counts model states only (weights, gradients, optimizer states), no activations" in out
+    assert main(["train", "llama-2-7b"]) == 0
+    assert "model states only" not in capsys.readouterr().out
+    res = run("train", "--help")
+    assert "model states only" in " ".join(res.stdout.split())
+
+
+@pytest.mark.parametrize("command", ["train", "infer", "params", "serve"])
+def test_help_lists_every_shipped_model(command: str) -> None:
+    from memlib.configs import shipped_models
+
+    res = run(command, "--help")
+    listed = "".join(res.stdout.split())  # argparse wraps the list anywhere between words
+    assert res.returncode == 0
+    assert all(name in listed for name in shipped_models(all_models=True))
+
+
 def test_infer_json(capsys: pytest.CaptureFixture) -> None:
     assert main(["infer", "llama-7b", "--batch", "8", "--seq", "2048", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

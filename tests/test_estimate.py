@@ -165,7 +165,9 @@ def test_rope_scaling_states_a_longer_limit() -> None:
         load_config({**raw, "rope_scaling": {"type": "linear", "factor": "2"}})
 
 
-models = st.sampled_from(["gpt2", "gpt2-medium", "llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2-0.5b", "gemma-2b"])
+models = st.sampled_from(["gpt2", "gpt2-medium", "llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2-0.5b", "gemma-2b",
+                         # dense families with both attentions (gemma2 is eager only: tests/test_families.py)
+                         "gemma-3-27b", "phi-3-mini", "pythia-1.4b", "falcon-7b"])
 
 
 @settings(max_examples=60, deadline=None)

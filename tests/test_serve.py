@@ -145,7 +145,8 @@ def test_bad_input_is_one_memlib_error(kwargs: dict, pattern: str) -> None:
         serve("llama-3-8b", **args)
 
 
-@pytest.mark.parametrize("model", shipped_models())
+@pytest.mark.parametrize("model", shipped_models() + ["gemma-2-9b", "gemma-3-27b", "phi-3-mini", "pythia-1.4b",
+                                                     "falcon-7b"])
 def test_answers_for_every_shipped_model(model: str) -> None:
     cfg = load_config(model)
     fit = serve(model, gpu="h200", max_model_len=min(cfg.max_positions, 4096), tensor_parallel=1)
@@ -155,7 +156,7 @@ def test_answers_for_every_shipped_model(model: str) -> None:
     assert fit.fits or fit.reasons
 
 
-_models = st.sampled_from(["llama-3-8b", "mistral-7b", "gpt2-xl", "qwen2-0.5b", "llama-2-13b"])
+_models = st.sampled_from(["llama-3-8b", "mistral-7b", "gpt2-xl", "qwen2-0.5b", "llama-2-13b", "gemma-2-9b"])
 
 
 @settings(max_examples=40, deadline=None)
