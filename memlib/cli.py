@@ -31,6 +31,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _parallel_flags(p: argparse.ArgumentParser) -> None:
+    """Model-parallel degrees (Chapter 15): --gpus is the total, dp = gpus / (tp·pp·cp)."""
+    from .parallel import SCHEDULES
+
+    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
+    p.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--micro-batches", type=_positive_int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--pp-schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree (default 1)")
+    p.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
     from .estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
@@ -65,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning, LoRA or QLoRA")
     t.add_argument("--lora-rank", type=_positive_int, default=16, help="LoRA rank (default 16)")
     t.add_argument("--lora-targets", choices=LORA_TARGETS, default="all-linear")
+    _parallel_flags(t)
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
     i = sub.add_parser("infer", help="estimated inference memory: weights + KV cache")
@@ -159,7 +173,9 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                                 precision=args.precision, optimizer=args.optimizer, zero_stage=args.zero,
                                 num_gpus=args.gpus, recompute=args.recompute, attention=args.attention,
                                 checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
-                                lora_rank=args.lora_rank, lora_targets=args.lora_targets)
+                                lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
+                                cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
+                                micro_batches=args.micro_batches, pp_schedule=args.pp_schedule)
         data = est.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
