@@ -46,6 +46,9 @@ __all__ = [
     "split_terms",
     "stage_params",
     "ring_kv_buffer_bytes",
+    "column_linears",
+    "sp_gathered_extra_bytes",
+    "cp_allgather_attention_bytes",
     "tp_buffer_bytes",
     "expert_parallel_bytes",
     "comm_bytes_per_layer",
@@ -330,6 +333,40 @@ def stage_params(cfg: ModelConfig, tp: int, pp: int) -> list[int]:
     return out
 
 
+def column_linears(cfg: ModelConfig) -> int:
+    """Column-parallel linears per layer as transformers writes them (unfused): q, k, v and gate, up (5 for a
+    gated MLP, 4 without: q, k, v, up); GPT-2's fused c_attn and c_fc: 2. Megatron fuses them into 2."""
+    if cfg.model_type == "gpt2":
+        return 2
+    return 5 if cfg.mlp == "gated" else 4
+
+
+def sp_gathered_extra_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, tp: int, act_bytes: int = 2) -> int:
+    """What PyTorch DTensor sequence parallelism saves per layer beyond Megatron's: every column-parallel linear
+    keeps its own all-gathered input, n_col·e·bsh, where Megatron keeps the two norm outputs sharded, 2·e·bsh/t.
+
+    Introduced in Chapter 15 and measured there (``ColwiseParallel(input_layouts=Shard(1))``, torch 2.13).
+    """
+    act = act_bytes * batch_size * seq_len * cfg.hidden_size
+    return column_linears(cfg) * act - 2 * act // tp
+
+
+def cp_allgather_attention_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, cp: int,
+                                 act_bytes: int = 2) -> int:
+    """Bytes one attention block saves per GPU under all-gather context parallelism (Llama 3, §3.3.2).
+
+    Each GPU keeps s/cp tokens: its input x, q, and the attention output (which is also the o_proj input: the
+    CPU flash kernel returns it in (b, t, a, d) layout), e·b·(s/cp)·(h + 2·a·d); the log-sum-exp, 4·b·a·(s/cp);
+    the all-gathered K and V of the whole sequence, 2·e·b·s·a_kv·d (what CP does not split); and the causal
+    mask of its block of rows, which SDPA turns into an additive mask, e·(s/cp)·s (flash kernels on GPU compute
+    it from the offsets instead). Measured in Chapter 15.
+    """
+    s_loc = seq_len // cp
+    b, h, q, kv = batch_size, cfg.hidden_size, cfg.q_dim, cfg.kv_dim
+    return (act_bytes * b * s_loc * (h + 2 * q) + 4 * b * cfg.num_heads * s_loc
+            + 2 * act_bytes * b * seq_len * kv + act_bytes * s_loc * seq_len)
+
+
 def ring_kv_buffer_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, cp: int, tp: int = 1,
                          act_bytes: int = 2) -> int:
     """Ring attention's K/V buffers per GPU: two chunks of K and V in flight (the one attended to and the one
@@ -375,19 +412,21 @@ def expert_parallel_bytes(*, num_experts: int, expert_params: int, ep: int, toke
 
 
 def comm_bytes_per_layer(cfg: ModelConfig, batch_size: int, seq_len: int, layout: Layout,
-                         act_bytes: int = 2) -> dict[str, int]:
+                         act_bytes: int = 2, backward_collectives: int = 2) -> dict[str, int]:
     """Bytes one GPU sends per layer and micro-batch, forward + backward, per parallelism.
 
     * tp: 2 all-reduces forward + 2 backward of the b·s·h activation, each 2(t−1)/t·e·bsh in a ring; with
       sequence parallelism the same volume as all-gathers + reduce-scatters, (t−1)/t·e·bsh each, 8 of them
-      (Korthikanti et al. 2022, §4.2.2).
+      (Korthikanti et al. 2022, §4.2.2). ``backward_collectives`` = 2 is Megatron (q/k/v and gate/up fused);
+      PyTorch DTensor on transformers' unfused linears all-reduces each column-parallel linear's input
+      gradient: :func:`column_linears` (5 for Llama).
     * cp: the ring passes K and V on cp − 1 times forward, and K, V and their gradients backward.
     * pp: the stage boundary's activation forward and its gradient backward (point-to-point), per stage.
     """
     b, s, h, e = batch_size, seq_len // layout.cp, cfg.hidden_size, act_bytes
     t = layout.tp
     act = e * b * s * h
-    tp = 0 if t == 1 else 4 * 2 * act * (t - 1) // t
+    tp = 0 if t == 1 else (2 + backward_collectives) * 2 * act * (t - 1) // t
     kv = 2 * e * b * s * cfg.kv_dim // t
     cp = 0 if layout.cp == 1 else (layout.cp - 1) * (kv + 2 * kv)
     pp = 0 if layout.pp == 1 else 2 * act // (t if layout.sequence_parallel else 1)
@@ -408,9 +447,9 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
 
     Args:
-        sp_keeps_gathered: PyTorch DTensor's ``SequenceParallel`` + ``ColwiseParallel`` saves the all-gathered
-            input of the attention and MLP linears for backward (Megatron re-gathers it instead): + 2·e·bsh·
-            (t−1)/t per layer. False follows Megatron (Korthikanti et al. 2022).
+        sp_keeps_gathered: PyTorch DTensor's ``SequenceParallel`` + ``ColwiseParallel``: each column-parallel
+            linear all-gathers its input and saves the gathered copy for backward (Megatron re-gathers it
+            instead): :func:`sp_gathered_extra_bytes` per layer. False follows Megatron (Korthikanti et al. 2022).
 
     Limitations:
         Dense models only (MoE: :func:`expert_parallel_bytes`); full fine-tuning only; no ZeRO-3 gathered layers
@@ -450,7 +489,7 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     t = layout.tp
     T = batch_size * s_local
     if sp_keeps_gathered and layout.sequence_parallel and t > 1:
-        per_layer += 2 * e * T * cfg.hidden_size * (t - 1) // t
+        per_layer += sp_gathered_extra_bytes(cfg, batch_size, s_local, t, e)
     core = sum(-(-x.bytes // t) for x in terms if x.per_layer and ("softmax" in x.name or "log-sum-exp" in x.name
                                                                     or "attention dropout" in x.name))
     layer_input = -(-e * T * cfg.hidden_size // (t if layout.sequence_parallel else 1))
