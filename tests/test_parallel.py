@@ -187,3 +187,49 @@ def test_cli_exit_2_no_traceback() -> None:
 def test_parallel_does_not_import_torch() -> None:
     code = "import sys, memlib.parallel, memlib.estimate; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_plan_parallel_uses_valid_degrees_only() -> None:
+    from memlib.plan import plan_parallel
+
+    for model, n in (("llama-3.1-70b", 64), ("llama-3.1-405b", 128), ("llama-3.1-8b", 8)):
+        p = plan_parallel(model, num_gpus=n, seq_len=8192)
+        cfg = load_config(model)
+        assert p.fits
+        for st in p.steps:
+            x = st.settings
+            assert cfg.num_heads % x["tp"] == 0 and cfg.num_kv_heads % x["tp"] == 0 and x["tp"] <= 8
+            assert x["tp"] * x["pp"] * x["cp"] * x["dp"] == n and x["pp"] <= cfg.num_layers
+        assert p.chosen is not None and p.chosen.per_gpu_bytes + p.chosen.reserve_bytes <= 80 * 2**30
+
+
+def test_plan_parallel_llama3_recipes() -> None:
+    """Llama 3 (Dubey et al. 2024, Table 4): 405B at 8K tokens uses TP 8 inside a node and PP across nodes;
+    long context (128K) adds CP 16 on thousands of GPUs."""
+    from memlib.plan import plan_parallel
+
+    p = plan_parallel("llama-3.1-405b", num_gpus=128, seq_len=8192)
+    assert p.chosen is not None and p.chosen.settings["tp"] == 8 and p.chosen.settings["pp"] > 1
+    long = plan_parallel("llama-3.1-405b", num_gpus=128, seq_len=131072)
+    assert not long.fits and long.min_gpus is not None and long.min_gpus >= 2048
+    small = plan_parallel("llama-3.1-70b", num_gpus=8, seq_len=8192)
+    assert not small.fits and small.min_gpus == 16  # 16 bytes/param of states alone exceed 8 × 80 GiB
+
+
+def test_plan_parallel_tp_beats_zero3_when_activations_overflow() -> None:
+    from memlib.plan import plan_parallel
+
+    p = plan_parallel("llama-3.1-8b", num_gpus=8, seq_len=8192)
+    assert [s.technique for s in p.steps][:2] == ["data parallel + ZeRO-1", "ZeRO-3 / FSDP"]
+    assert not p.steps[1].fits and p.chosen is not None and p.chosen.settings["tp"] > 1
+
+
+def test_plan_cli_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "llama-3.1-70b", "--parallel", "--gpus", "64", "--seq", "8192"]) == 0
+    assert "fits: tp=8" in capsys.readouterr().out
+    assert main(["plan", "llama-3.1-70b", "--parallel", "--gpus", "6", "--tp", "3"]) == 2
+    assert "expected one of: 1, 2, 4, 8" in capsys.readouterr().err
+    assert main(["plan", "llama-3.1-70b", "--tp", "2", "--gpus", "2"]) == 2
+    assert "need --parallel" in capsys.readouterr().err
+    assert main(["plan", "llama-3.1-70b", "--parallel", "--gpus", "12", "--tp", "8"]) == 2
+    assert "gpus 12 is not divisible by tp·pp·cp" in capsys.readouterr().err
