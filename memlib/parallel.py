@@ -156,9 +156,9 @@ def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int
             raise MemlibError(f"pp {p} is more than {cfg.name}'s {cfg.num_layers} layers; expected 1 to "
                               f"{cfg.num_layers}")
         if schedule == "interleaved" and cfg.num_layers % (p * v):
-            ok = [d for d in _divisors(cfg.num_layers) if d % p == 0 and d // p > 1]
+            ok = [q for q in range(1, cfg.num_layers + 1) if cfg.num_layers % (q * v) == 0]
             raise MemlibError(f"interleaved schedule: {cfg.num_layers} layers do not split into pp·v = {p}·{v} "
-                              f"chunks; expected pp·v one of: {', '.join(map(str, ok)) or 'none'}")
+                              f"chunks; expected pp one of: {', '.join(map(str, ok))}")
         experts = num_experts(cfg)
         if e > 1 and experts == 0:
             raise MemlibError(f"ep {e} needs an MoE model; {cfg.name} has no experts; expected ep 1")
@@ -479,7 +479,9 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         st = estimate_training(params=per_rank, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
                                num_gpus=layout.dp)
         return TrainingEstimate(st.params_bytes, st.grads_bytes, st.optimizer_bytes, None, 0, st.total_bytes,
-                                "states", {**st.settings, **_layout_settings(layout), "params": n})
+                                "states", {**st.settings, **_layout_settings(layout), "params": n,
+                                           "trainable_params": n, "num_gpus": layout.num_gpus,
+                                           "rank_params": per_rank})
     cfg = load_config(model)
     check_seq_len(cfg, seq_len)
     e = 4 if precision == "fp32" else 2

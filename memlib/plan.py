@@ -524,7 +524,7 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
         return st
 
     tps = [t for t in valid_tp(cfg, min(node, n)) if n % t == 0]
-    t_max = max(tps)
+    t_max = tp or max(tps)
     pps = [p for p in range(2, min(cfg.num_layers, n // t_max) + 1) if (n // t_max) % p == 0]
     rungs: list[tuple[str, int, int, int, int, str, str]] = [
         ("data parallel + ZeRO-1", 1, 1, 1, 1, "none", "2Ψ all-reduce-equivalent per step"),

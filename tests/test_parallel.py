@@ -155,6 +155,8 @@ def test_valid_tp() -> None:
     (dict(ep=2, num_gpus=2), "ep 2 needs an MoE model; llama-3.1-70b has no experts; expected ep 1"),
     (dict(pp=4, num_gpus=4, micro_batches=6, pp_schedule="interleaved"), "not a multiple of pp 4"),
     (dict(cp=2, num_gpus=2, attention="eager"), "needs attention 'sdpa'"),
+    (dict(pp=3, num_gpus=3, micro_batches=6, pp_schedule="interleaved"),
+     "80 layers do not split into pp·v = 3·2 chunks; expected pp one of: 1, 2, 4, 5, 8, 10, 20, 40"),
 ])
 def test_bad_input_one_line(kw: dict, msg: str) -> None:
     with pytest.raises(MemlibError) as err:
@@ -233,3 +235,29 @@ def test_plan_cli_parallel(capsys: pytest.CaptureFixture[str]) -> None:
     assert "need --parallel" in capsys.readouterr().err
     assert main(["plan", "llama-3.1-70b", "--parallel", "--gpus", "12", "--tp", "8"]) == 2
     assert "gpus 12 is not divisible by tp·pp·cp" in capsys.readouterr().err
+
+
+def test_parallel_drills_graded_by_memlib() -> None:
+    from memlib.drills import DRILL_KINDS, QUESTIONS, generate, grade
+
+    assert {"pp_bubble", "tp_activations", "pp_first_stage", "dp_degree"} <= set(DRILL_KINDS)
+    assert sum(q.chapter == 15 for q in QUESTIONS) >= 10
+    for seed in range(20):
+        d = generate("pp_bubble", seed)
+        p, m = d.settings["pp"], d.settings["micro_batches"]
+        v = 2 if d.settings["schedule"] == "interleaved" else 1
+        assert d.answer == pytest.approx(100 * (p - 1) / (v * m + p - 1))
+        assert grade(d, d.answer) and not grade(d, d.answer + 5)
+        f = generate("pp_first_stage", seed)
+        if f.settings["schedule"] == "1f1b":
+            assert f.answer == min(f.settings["pp"], f.settings["micro_batches"])
+        g = generate("dp_degree", seed)
+        s = g.settings
+        assert g.answer * s["tp"] * s["pp"] * s["cp"] == s["num_gpus"]
+
+
+def test_params_only_estimate_echoes_the_layout() -> None:
+    e = estimate_training(params=7_000_000_000, num_gpus=16, tp=2, pp=2, zero_stage=1)
+    assert e.settings["num_gpus"] == 16 and e.settings["dp"] == 4 and e.activations_bytes is None
+    assert e.params_bytes == 2 * 7_000_000_000 // 4  # 16-bit weights of one tp × pp shard
+    assert e.optimizer_bytes == 12 * 7_000_000_000 // 4 // 4  # ZeRO-1 over dp = 4
