@@ -10,7 +10,7 @@ One spawn of ``world_size`` processes (a fork server with torch and transformers
   stage's peak of saved activation bytes over a step, and the bubble (each stage's forward and backward take a
   fixed time, slept rather than computed, so the idle fraction does not depend on the CPU);
 * ``cp``: context parallelism as Llama 3 trains it: each rank keeps s/cp tokens and all-gathers K and V (autograd
-  through ``all_gather_tensor_autograd``); PyTorch's ring ``context_parallel`` needs CUDA SDPA kernels;
+  through ``all_gather_tensor_autograd``); PyTorch's experimental ring ``context_parallel`` is not used here;
 * ``ep``: a tiny MoE layer whose experts are split over the ranks, tokens sent to them and back with
   ``all_to_all_single``; the output is checked against the same layer on one process.
 
