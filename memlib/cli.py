@@ -31,6 +31,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _parallel_flags(p: argparse.ArgumentParser) -> None:
+    """Model-parallel degrees (Chapter 15): --gpus is the total, dp = gpus / (tp·pp·cp)."""
+    from .parallel import SCHEDULES
+
+    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
+    p.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages (default 1)")
+    p.add_argument("--micro-batches", type=_positive_int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--pp-schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree (default 1)")
+    p.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
     from .estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
@@ -69,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning, LoRA or QLoRA")
     t.add_argument("--lora-rank", type=_positive_int, default=16, help="LoRA rank (default 16)")
     t.add_argument("--lora-targets", choices=LORA_TARGETS, default="all-linear")
+    _parallel_flags(t)
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
     i = sub.add_parser("infer", help="estimated inference memory: weights + KV cache")
@@ -95,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA context and workspaces kept free per GPU (default 1GiB); 5%% of the estimate is "
                          "added for fragmentation")
     pl.add_argument("--lora-rank", type=_positive_int, default=16)
+    pl.add_argument("--parallel", action="store_true",
+                    help="pre-training layout over data, tensor, pipeline and context parallelism (Chapter 15)")
+    pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node for --parallel (default 8)")
+    _parallel_flags(pl)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
     from .serve import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -170,7 +188,9 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                                 precision=args.precision, optimizer=args.optimizer, zero_stage=args.zero,
                                 num_gpus=args.gpus, recompute=args.recompute, attention=attention,
                                 checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
-                                lora_rank=args.lora_rank, lora_targets=args.lora_targets)
+                                lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
+                                cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
+                                micro_batches=args.micro_batches, pp_schedule=args.pp_schedule)
         data = est.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
@@ -199,6 +219,26 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             gpu_mem: int | str = get_gpu(args.gpu).memory_bytes
         else:
             gpu_mem = args.gpu_mem or "80GiB"
+        par = (args.tp, args.pp, args.cp, args.ep) != (1, 1, 1, 1) or args.sequence_parallel or \
+            args.micro_batches != 1 or args.pp_schedule != "1f1b"
+        if par and not args.parallel:
+            raise MemlibError("--tp, --pp, --cp, --ep, --sequence-parallel, --micro-batches and --pp-schedule "
+                              "need --parallel (the 3D/4D ladder)")
+        if args.parallel:
+            from .plan import plan_parallel
+
+            if args.job != "train":
+                raise MemlibError(f"--parallel plans job 'train', not {args.job!r}; expected --job train")
+            if args.ep != 1:
+                raise MemlibError(f"ep {args.ep} needs an MoE model; the 3D/4D ladder plans dense models; expected "
+                                  "ep 1")
+            pres = plan_parallel(args.model, num_gpus=args.gpus, gpu_memory=gpu_mem, seq_len=args.seq,
+                                 batch_size=args.batch, gpus_per_node=args.gpus_per_node,
+                                 micro_batches=args.micro_batches if args.micro_batches != 1 else None,
+                                 pp_schedule=args.pp_schedule, reserve=args.reserve,
+                                 tp=args.tp if args.tp != 1 else None, pp=args.pp if args.pp != 1 else None,
+                                 cp=args.cp if args.cp != 1 else None)
+            return pres.as_dict(), _parallel_plan_text(pres)
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
         return result.as_dict(), _plan_text(result)
@@ -252,6 +292,28 @@ def _plan_text(result: Any) -> str:
                 if inp["job"] != "infer" else "")
         lines.append(f"does not fit: closest is '{cl.technique}' at {cl.total_bytes / GiB:.2f} GiB per GPU with the "
                      f"reserve, {(cl.total_bytes - inp['gpu_memory']) / GiB:.2f} GiB over{more}")
+    lines.extend(f"note: {n}" for n in result.notes)
+    return "\n".join(lines)
+
+
+def _parallel_plan_text(result: Any) -> str:
+    inp = result.inputs
+    lines = [f"3D/4D plan for {inp['model']}: {inp['num_gpus']} GPU(s) × {inp['gpu_memory'] / GiB:.2f} GiB, "
+             f"{inp['gpus_per_node']} per node, micro-batch {inp['batch_size']} × {inp['seq_len']} tokens",
+             f"  {'#':>2}  {'rung':<28} {'tp':>3} {'pp':>3} {'cp':>3} {'dp':>5} {'zero':>4} {'recompute':<9} "
+             f"{'per GPU (GiB)':>13}  fits"]
+    for i, st in enumerate(result.steps):
+        x = st.settings
+        lines.append(f"  {i:>2}  {st.technique:<28} {x['tp']:>3} {x['pp']:>3} {x['cp']:>3} {x['dp']:>5} "
+                     f"{x['zero_stage']:>4} {x['recompute']:<9} {st.per_gpu_bytes / GiB:>13.2f}  "
+                     f"{'yes' if st.fits else 'no'}")
+    if result.fits:
+        x = result.chosen.settings
+        lines.append(f"fits: tp={x['tp']} (sequence parallel), pp={x['pp']} ({x['pp_schedule']}, m={x['micro_batches']}), "
+                     f"cp={x['cp']}, dp={x['dp']} with ZeRO-{x['zero_stage']}, recompute={x['recompute']}")
+    else:
+        lines.append("does not fit" + (f"; it would need {result.min_gpus} GPUs of this size" if result.min_gpus
+                                       else "; no layout up to 16384 GPUs fits"))
     lines.extend(f"note: {n}" for n in result.notes)
     return "\n".join(lines)
 

@@ -91,6 +91,7 @@ CHAPTERS: dict[int, str] = {
     12: "Profiling and MFU",
     13: "Putting it together",
     14: "Serving memory",
+    15: "Tensor, pipeline, context and expert parallelism",
 }
 DIFFICULTIES = ("E", "M", "H")
 SOURCES = ("Tips notes, top", "Tips notes §八", "Strategies notes", "book")
@@ -879,6 +880,77 @@ QUESTIONS: tuple[Question, ...] = (
        speed changes). Numerically different but standard: bf16 mixed precision. Approximations: 8-bit optimizer
        states (tiny effect), quantized base weights (QLoRA), and LoRA itself, which restricts what is learned.""",
        text_zh=""),
+    # --- Parallelism (issue 21) ---
+    _q("b15-1", 15, "M", "tensor parallelism", "With tensor parallelism over t GPUs, why do the activations per GPU "
+       "not fall to 1/t, and what fixes it?", """
+       Megatron TP splits what lives inside attention and the MLP (heads, MLP width), but every TP rank computes the
+       norms, the residual stream and its dropout whole: Korthikanti et al. count sbh(10 + 24/t + 5as/(ht)) bytes
+       per layer, 10·sbh of it replicated. Sequence parallelism splits that part along the sequence between the TP
+       ranks (the all-reduce becomes a reduce-scatter plus an all-gather, the same volume): sbh/t·(34 + 5as/h)."""),
+    _q("b15-2", 15, "M", "tensor parallelism", "What does tensor parallelism communicate, how often, and why is it "
+       "kept inside a node?", """
+       Per layer, one all-reduce of the b·s·h activation after attention and one after the MLP in the forward pass,
+       and two in the backward (Megatron's f and g operators): 4 × 2(t − 1)/t · e·bsh bytes sent per GPU per layer
+       and micro-batch, on the critical path. That needs NVLink bandwidth: TP stays within the 8 GPUs of a node;
+       pipeline and data parallelism cross nodes."""),
+    _q("b15-3", 15, "E", "valid degrees", "Which tensor-parallel degrees can Llama-3.1-70B (64 heads, 8 KV heads) "
+       "use, and why not 3?", """
+       tp must divide the attention heads and the KV heads so that every GPU computes whole heads and owns whole KV
+       groups: 1, 2, 4 or 8. 3 divides neither 64 nor 8; `memlib train llama-3.1-70b --gpus 3 --tp 3` says so in
+       one line and exits with status 2 (Chapter 15)."""),
+    _q("b15-4", 15, "M", "pipeline parallelism", "In 1F1B pipeline parallelism, which stage holds the most "
+       "activations and how many micro-batches? And with GPipe?", """
+       The first stage: it runs p forwards before its first backward, so it holds p micro-batches of its L/p
+       layers — a whole model's worth of one micro-batch — plus the embedding; stage i holds p − i. GPipe runs all m
+       forwards first: every stage holds m micro-batches, and the last also m micro-batches of fp32 logits."""),
+    _q("b15-5", 15, "E", "pipeline bubble", "What is the pipeline bubble for p stages and m micro-batches, and how "
+       "do you shrink it?", """
+       (p − 1)/(m + p − 1) of the step for GPipe and 1F1B alike (Narayanan et al. 2021): with p = 8, m = 16, 7/23
+       ≈ 30 %. More micro-batches shrink it (with 1F1B at no memory cost on the first stage); the interleaved
+       schedule with v chunks per GPU divides it by v, (p − 1)/(vm + p − 1), for v times more point-to-point
+       messages."""),
+    _q("b15-6", 15, "H", "pipeline parallelism", "Does pipeline parallelism reduce the activation memory of the "
+       "first stage? What does it reduce?", """
+       Not with 1F1B and m ≥ p: the first stage holds p micro-batches × L/p layers = L layers of one micro-batch, as
+       much as without a pipeline. PP divides the weights, gradients and optimizer states by p (each stage owns
+       L/p layers). To cut activations use TP + SP, CP or recomputation; GPipe makes it worse (m micro-batches)."""),
+    _q("b15-7", 15, "M", "context parallelism", "What does context parallelism split, what does it leave to "
+       "communicate, and when do you add it?", """
+       Every per-token activation, divided by cp (each GPU keeps s/cp tokens of every layer). Attention needs the
+       keys and values of all earlier tokens: ring attention passes K/V chunks around the cp GPUs (two in flight
+       per GPU), or K and V are all-gathered (Llama 3; cheap with GQA's 8 KV heads). Add it for long context once
+       TP + SP no longer fit one sequence: Llama 3 405B used CP 16 at 128K tokens."""),
+    _q("b15-8", 15, "M", "expert parallelism", "What does expert parallelism save and what does it cost?", """
+       Each GPU holds num_experts/ep experts: the expert weights (most of an MoE's parameters) and their
+       optimizer states divide by ep. Each MoE layer adds two all-to-alls forward (dispatch tokens to their
+       experts, combine the outputs) and two backward, with send and receive buffers of capacity × top-k ×
+       tokens × h elements; load imbalance makes the capacity, and the buffers, larger. ep must divide the
+       experts."""),
+    _q("b15-9", 15, "H", "3D parallelism", "In which order do you add data, tensor, pipeline and context "
+       "parallelism for a dense model, and why?", """
+       By communication cost and by what overflows. Data parallelism with ZeRO-1 first (one gradient
+       reduce-scatter + all-gather per step); ZeRO-3/FSDP when the states overflow; TP + SP inside a node when the
+       activations overflow (ZeRO-3 does not split activations); PP across nodes when one node's TP is not
+       enough (only point-to-point messages, but a bubble); CP for long context. Llama 3 405B: TP 8, PP 16, CP 1
+       (16 at 128K), DP for the rest. memlib's `plan --parallel` climbs that ladder."""),
+    _q("b15-10", 15, "H", "TP vs ZeRO-3", "When does tensor parallelism beat ZeRO-3 / FSDP?", """
+       When the activations, not the model states, are what does not fit: ZeRO-3 shards weights, gradients and
+       optimizer states over the data-parallel GPUs but every GPU still holds a whole micro-batch's activations
+       of every layer; TP + SP divides those by t. And at large scale ZeRO-3's 3Ψ per step over slow inter-node
+       links costs more than TP's activation all-reduces over NVLink. For a small model at short sequences
+       ZeRO-3 (no change to the model code) is simpler."""),
+    _q("b15-11", 15, "M", "sequence parallelism", "PyTorch's SequenceParallel with ColwiseParallel saved more "
+       "activations than Megatron's formula in Chapter 15's measurement. Why?", """
+       DTensor's `ColwiseParallel(input_layouts=Shard(1))` all-gathers the input of each column-parallel linear
+       (q, k, v, gate, up separately) and autograd keeps each gathered copy for the weight gradient; Megatron
+       all-gathers once per block and re-gathers in the backward instead of saving it. memlib models the
+       difference as `sp_gathered_extra_bytes`; the measurement matches it."""),
+    _q("b15-12", 15, "M", "pipeline balance", "Llama-3.1-405B has 126 layers. What happens with 16 pipeline "
+       "stages, and what did Meta do?", """
+       126 is not a multiple of 16: stages hold 8 or 7 layers, and the slowest stage sets the pace. The first
+       stage also holds the embedding and p micro-batches, the last the LM head and the loss. Llama 3 removed one
+       layer from the first and the last stage to balance memory and time; memlib's planner states the
+       imbalance when pp does not divide the layers."""),
 )
 
 
@@ -1641,3 +1713,72 @@ def drill_mode(n: int, answer: Callable[[Drill], str | float | int | None], seed
     """
     drills = make_drills(n, seed, kinds)
     return score(drills, [answer(d) for d in drills])
+
+
+# --- Parallelism (issue 21) ---
+
+
+@drill_kind("pp_bubble", 15, "pipeline bubble (p − 1)/(m + p − 1), interleaved (p − 1)/(vm + p − 1), in %")
+def _pp_bubble(rng: random.Random, seed: int) -> Drill:
+    from .parallel import bubble_fraction
+
+    p = rng.choice((2, 4, 8, 16))
+    m = rng.choice((4, 8, 16, 32, 64))
+    sched = rng.choice(("1f1b", "gpipe", "interleaved"))
+    v = 2 if sched == "interleaved" else 1
+    words = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "the interleaved 1F1B schedule with v = 2 chunks "
+             "per GPU"}[sched]
+    q = f"{p} pipeline stages, {m} micro-batches, {words}: what percentage of the step is bubble?"
+    ans = 100 * bubble_fraction(p, m, sched, max(v, 1))
+    return Drill("pp_bubble", seed, q, ans, "%", 0.02, 0.5, "E", 15,
+                 f"bubble_fraction({p}, {m}, '{sched}'{', 2' if v == 2 else ''}) = (p − 1)/({'v' if v == 2 else ''}m + p − 1)",
+                 {"pp": p, "micro_batches": m, "schedule": sched})
+
+
+@drill_kind("tp_activations", 15, "activations of one layer per GPU with TP (and SP), Korthikanti et al. 2022")
+def _tp_activations(rng: random.Random, seed: int) -> Drill:
+    from .parallel import korthikanti_layer_bytes
+
+    model = rng.choice(("gpt2-xl", "llama-2-7b", "llama-2-13b", "llama-3-70b"))
+    cfg = load_config(model)
+    t = rng.choice((2, 4, 8))
+    sp = rng.random() < 0.5
+    s = rng.choice(_seq_lens(model, (1024, 2048, 4096)))
+    b = rng.choice((1, 2, 4))
+    n = korthikanti_layer_bytes(s, b, cfg.hidden_size, cfg.num_heads, t, sp)
+    q = (f"{model} (h = {cfg.hidden_size}, a = {cfg.num_heads}), micro-batch {b} × {s} tokens, tensor parallel "
+         f"t = {t}{' with sequence parallelism' if sp else ' without sequence parallelism'}: activation GB (10⁹ "
+         f"bytes) of one layer per GPU by Korthikanti et al.'s formula (16-bit, no recomputation)?")
+    form = "sbh/t·(34 + 5as/h)" if sp else "sbh(10 + 24/t + 5as/(ht))"
+    return Drill("tp_activations", seed, q, n / GB, "GB", 0.03, 0.005, "M", 15,
+                 f"korthikanti_layer_bytes({s}, {b}, {cfg.hidden_size}, {cfg.num_heads}, {t}, {sp}) = {form}",
+                 {"model": model, "tp": t, "sequence_parallel": sp, "seq_len": s, "batch_size": b})
+
+
+@drill_kind("pp_first_stage", 15, "micro-batches the first pipeline stage holds (GPipe, 1F1B, interleaved)")
+def _pp_first_stage(rng: random.Random, seed: int) -> Drill:
+    from .parallel import in_flight
+
+    p = rng.choice((2, 4, 8))
+    m = rng.choice((4, 8, 16, 32))
+    sched = rng.choice(("1f1b", "gpipe", "interleaved"))
+    if sched == "interleaved" and m % p:
+        m = 2 * p
+    words = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B with v = 2"}[sched]
+    q = (f"{p} stages, {m} micro-batches, {words}: at its peak, how many micro-batches' worth of its layers' "
+         f"activations does the first stage hold? (interleaved: in units of a whole stage)")
+    return Drill("pp_first_stage", seed, q, in_flight(p, m, sched, 0, 2), "micro-batches", 0.0, 0.01, "M", 15,
+                 f"in_flight({p}, {m}, '{sched}', stage=0): GPipe m, 1F1B min(p, m), interleaved p(1 + (p − 1)/(pv))",
+                 {"pp": p, "micro_batches": m, "schedule": sched})
+
+
+@drill_kind("dp_degree", 15, "data-parallel degree dp = GPUs / (tp · pp · cp)")
+def _dp_degree(rng: random.Random, seed: int) -> Drill:
+    t = rng.choice((1, 2, 4, 8))
+    p = rng.choice((1, 2, 4, 8, 16))
+    c = rng.choice((1, 1, 2, 4))
+    dp = rng.choice((1, 2, 4, 8, 16, 64))
+    n = t * p * c * dp
+    q = f"{n:,} GPUs with tensor parallel {t}, pipeline parallel {p} and context parallel {c}: how many data-parallel replicas?"
+    return Drill("dp_degree", seed, q, float(dp), "replicas", 0.0, 0.01, "E", 15, f"{n} / ({t} · {p} · {c})",
+                 {"num_gpus": n, "tp": t, "pp": p, "cp": c})

@@ -314,7 +314,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       precision: str = "bf16-mixed", optimizer: str = "adamw", zero_stage: int = 0,
                       num_gpus: int = 1, recompute: str = "none", attention: str = "sdpa",
                       checkpoint_every: int = 1, offload: str = "none", method: str = "full",
-                      lora_rank: int = 16, lora_targets: str = "all-linear") -> TrainingEstimate:
+                      lora_rank: int = 16, lora_targets: str = "all-linear", tp: int = 1, pp: int = 1,
+                      cp: int = 1, ep: int = 1, sequence_parallel: bool = False, micro_batches: int = 1,
+                      pp_schedule: str = "1f1b") -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the ZeRO paper (§5): stage 1 shards optimizer states,
@@ -347,6 +349,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             double quantization). Adapters are fp32 (peft's default upcast) with fp32 grads and states.
         lora_rank: LoRA rank r (``lora``/``qlora``).
         lora_targets: ``all-linear``, ``attention`` or ``qv`` (see :data:`memlib.lora.LORA_TARGETS`).
+        tp, pp, cp, ep, sequence_parallel, micro_batches, pp_schedule: model parallelism (Chapter 15):
+            ``num_gpus`` is then the total and ZeRO shards over dp = num_gpus / (tp·pp·cp); the estimate is
+            the worst rank's (:func:`memlib.parallel.estimate_parallel`). The defaults give plain data
+            parallelism.
 
     Returns:
         The estimate, bytes per GPU (and ``cpu_bytes`` of host memory with offload).
@@ -365,6 +371,15 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
     check_choice("zero stage", zero_stage, (0, 1, 2, 3))
+    if (tp, pp, cp, ep, sequence_parallel, micro_batches, pp_schedule) != (1, 1, 1, 1, False, 1, "1f1b"):
+        from .parallel import check_layout, estimate_parallel
+
+        pcfg = None if model is None else load_config(model)
+        layout = check_layout(pcfg, num_gpus, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+                              micro_batches=micro_batches, schedule=pp_schedule, seq_len=seq_len)
+        return estimate_parallel(pcfg, layout, params=params, batch_size=batch_size, seq_len=seq_len,
+                                 precision=precision, optimizer=optimizer, zero_stage=zero_stage,
+                                 recompute=recompute, attention=attention, offload=offload, method=method)
     check_choice("recompute", recompute, RECOMPUTE)
     check_choice("attention", attention, ATTENTION)
     check_choice("offload", offload, OFFLOAD)

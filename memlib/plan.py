@@ -17,7 +17,7 @@ from .params import count_params
 from .search import bisect_last
 
 __all__ = ["JOBS", "PRIORITY", "PlanStep", "Plan", "plan", "recompute_overhead", "DEFAULT_RESERVE",
-           "DEFAULT_FRAGMENTATION"]
+           "DEFAULT_FRAGMENTATION", "ParallelPlan", "plan_parallel"]
 
 #: What the planner can be asked to make fit.
 JOBS = ("train", "lora", "qlora", "infer")
@@ -427,3 +427,144 @@ def _plan_inference(cfg: ModelConfig, n_gpus: int, mem: int, b: int, s: int, res
     if search_gpus:
         more = _min_gpus(lambda n: _plan_inference(cfg, n, mem, b, s, res, frag, inputs, False).fits, n_gpus)
     return Plan(False, None, closest, steps, more, inputs, notes)
+
+
+# --- 3D/4D parallelism (Chapter 15) ---
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """The 3D/4D ladder's answer. Introduced in Chapter 15.
+
+    Attributes:
+        fits: whether some layout fits.
+        chosen: the first rung that fits (None if none does).
+        steps: every rung tried, in order (settings hold tp, pp, cp, dp, zero_stage, recompute, micro_batches).
+        inputs: the question asked, echoed.
+        notes: what the reader must know (pipeline imbalance, the bubble, fixed degrees).
+        min_gpus: when nothing fits, the fewest GPUs (a power of two times the node, up to 16384) with which a
+            layout fits (None if none does or the search was off).
+    """
+
+    fits: bool
+    chosen: PlanStep | None
+    steps: list[PlanStep]
+    inputs: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    min_gpus: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (bytes as ints)."""
+        return asdict(self)
+
+
+def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus: int, gpu_memory: int | str = 80 * GiB,
+                  seq_len: int = 8192, batch_size: int = 1, gpus_per_node: int = 8, micro_batches: int | None = None,
+                  pp_schedule: str = "1f1b", reserve: int | str = DEFAULT_RESERVE,
+                  fragmentation: float = DEFAULT_FRAGMENTATION, tp: int | None = None, pp: int | None = None,
+                  cp: int | None = None, search_gpus: bool = True) -> ParallelPlan:
+    """Full fine-tuning / pre-training layout over data, tensor, pipeline and context parallelism.
+
+    Introduced in Chapter 15. bf16 mixed precision, AdamW, FlashAttention, micro-batch ``batch_size``; the
+    rungs, cheapest communication first (the Ultra-Scale Playbook's order; Narayanan et al. 2021, §3):
+
+    1. data parallel with ZeRO-1 (the distributed optimizer);
+    2. ZeRO-3 / FSDP: shards the weights too, but not the activations;
+    3. tensor parallelism with sequence parallelism inside a node (tp ≤ ``gpus_per_node``, a divisor of the
+       attention and KV heads: :func:`memlib.parallel.valid_tp`), ZeRO-1 over the rest; TP beats ZeRO-3 when the
+       activations, not the states, overflow, since only TP/SP split them;
+    4. + pipeline parallelism across nodes (pp dividing the layers where possible, the imbalance stated
+       otherwise), 1F1B with m = ``micro_batches`` (default 4·pp);
+    5. + context parallelism for long sequences (cp a power of two dividing the GPUs left);
+    6. + full activation recomputation.
+
+    Degrees given (``tp``, ``pp``, ``cp``) are kept fixed on every rung. When nothing fits and ``search_gpus``,
+    :attr:`ParallelPlan.min_gpus` says how many GPUs would do (``num_gpus`` doubled until a layout fits). A rung fits when estimate +
+    :func:`memlib.inference.reserve_bytes` ≤ GPU memory.
+
+    Raises:
+        MemlibError: bad input, including fixed degrees the model or GPU count does not allow.
+    """
+    from .parallel import check_layout, stage_layers, valid_tp
+
+    cfg = load_config(model)
+    n = check_positive("num_gpus", num_gpus)
+    node = check_positive("gpus_per_node", gpus_per_node)
+    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
+    b = check_positive("batch_size", batch_size)
+    mem = parse_size(gpu_memory) if isinstance(gpu_memory, str) else check_positive("gpu_memory", gpu_memory)
+    res = parse_size(reserve) if isinstance(reserve, str) else int(reserve)
+    for name, v in (("tp", tp), ("pp", pp), ("cp", cp)):
+        if v is not None:
+            check_positive(name, v)
+    check_layout(cfg, n, tp=tp or 1, pp=pp or 1, cp=cp or 1, schedule=pp_schedule,
+                 micro_batches=micro_batches or 4 * (pp or 1), seq_len=s if cp else None)
+    inputs = {"model": cfg.name, "num_gpus": n, "gpu_memory": mem, "seq_len": s, "batch_size": b,
+              "gpus_per_node": node, "pp_schedule": pp_schedule, "reserve": res, "fragmentation": fragmentation}
+
+    def reserve_for(total: int) -> int:
+        return reserve_bytes(total, cuda_context_bytes=res, fragmentation=fragmentation)
+
+    steps: list[PlanStep] = []
+
+    def attempt(technique: str, t: int, p: int, c: int, zero: int, recompute: str, cost: str) -> PlanStep | None:
+        if (tp and t != tp) or (pp and p != pp) or (cp and c != cp):
+            return None
+        if n % (t * p * c) or p > cfg.num_layers or (c > 1 and s % (2 * c)):
+            return None
+        m = micro_batches or (4 * p if p > 1 else 1)
+        if pp_schedule == "interleaved" and (p == 1 or m % p or cfg.num_layers % (2 * p)):
+            return None
+        e = estimate_training(cfg, batch_size=b, seq_len=s, precision="bf16-mixed", optimizer="adamw",
+                              zero_stage=zero, num_gpus=n, recompute=recompute, attention="sdpa", tp=t, pp=p,
+                              cp=c, sequence_parallel=t > 1, micro_batches=m,
+                              pp_schedule=pp_schedule if p > 1 else "1f1b")
+        total = e.total_bytes
+        r = reserve_for(total)
+        settings = {"tp": t, "pp": p, "cp": c, "dp": n // (t * p * c), "sequence_parallel": t > 1,
+                    "zero_stage": zero, "recompute": recompute, "micro_batches": m, "pp_schedule": pp_schedule,
+                    "batch_size": b, "seq_len": s, "precision": "bf16-mixed", "attention": "sdpa",
+                    "bubble_fraction": e.settings.get("bubble_fraction", 0.0)}
+        st = PlanStep(technique, settings, total, 0, total + r <= mem, cost, True, None, r)
+        steps.append(st)
+        return st
+
+    tps = [t for t in valid_tp(cfg, min(node, n)) if n % t == 0]
+    t_max = tp or max(tps)
+    pps = [p for p in range(2, min(cfg.num_layers, n // t_max) + 1) if (n // t_max) % p == 0]
+    rungs: list[tuple[str, int, int, int, int, str, str]] = [
+        ("data parallel + ZeRO-1", 1, 1, 1, 1, "none", "2Ψ all-reduce-equivalent per step"),
+        ("ZeRO-3 / FSDP", 1, 1, 1, 3, "none", "3Ψ per step; activations unchanged"),
+    ]
+    rungs += [("tensor + sequence parallel", t, 1, 1, 1, "none",
+               f"TP {t} in a node: 4 all-gather/reduce-scatter pairs of b·s·h per layer")
+              for t in tps if t > 1]
+    rungs += [("+ pipeline parallel", t_max, p, 1, 1, "none", f"PP {p}: bubble (p−1)/(m+p−1)") for p in pps]
+    for c in (2, 4, 8, 16, 32):
+        for p in [1] + pps:
+            rungs.append(("+ context parallel", t_max, p, c, 1, "none", f"CP {c}: K/V passed around a ring"))
+    for p in [1] + pps:
+        rungs.append(("+ full recomputation", t_max, p, 1, 1, "full", "+33 % compute"))
+    chosen = None
+    for name, t, p, c, z, rc, cost in rungs:
+        st = attempt(name, t, p, c, z, rc, cost)
+        if st is not None and st.fits:
+            chosen = st
+            break
+    notes = []
+    if chosen is not None and chosen.settings["pp"] > 1:
+        layers = stage_layers(cfg.num_layers, chosen.settings["pp"])
+        if max(layers) != min(layers):
+            notes.append(f"{cfg.num_layers} layers do not split evenly over pp {chosen.settings['pp']}: stages hold "
+                         f"{max(layers)} or {min(layers)} layers (the first ones are slower)")
+        notes.append(f"pipeline bubble {100 * chosen.settings['bubble_fraction']:.1f} % with m = "
+                     f"{chosen.settings['micro_batches']} micro-batches")
+    more = None
+    if chosen is None and search_gpus:
+        k = 2 * n
+        while k <= 16384 and more is None:
+            if plan_parallel(cfg, num_gpus=k, gpu_memory=mem, seq_len=s, batch_size=b, gpus_per_node=node,
+                             micro_batches=micro_batches, pp_schedule=pp_schedule, reserve=res,
+                             fragmentation=fragmentation, tp=tp, pp=pp, cp=cp, search_gpus=False).fits:
+                more = k
+            k *= 2
+    return ParallelPlan(chosen is not None, chosen, steps, inputs, notes, more)
