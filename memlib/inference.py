@@ -206,8 +206,9 @@ def kv_cached_tokens(model: ModelLike, seq_len: int) -> tuple[int, ...]:
     A sliding-window layer attends to the last ``sliding_window`` tokens only, so its cache keeps at most that
     many (transformers' ``DynamicSlidingWindowLayer`` for the ``layer_types`` of Gemma 2 — every other layer —
     and Gemma 3 — five local layers in six; vLLM's ``SlidingWindowSpec``); a global layer keeps every token.
-    A window over all layers (Mistral's, Phi-3's ``sliding_window``) is not capped here: those models are
-    counted as before, every layer keeping every token.
+    A window over all layers (Mistral's, Phi-3's ``sliding_window``) caps every layer: transformers'
+    ``get_layer_types_and_kwargs`` (``cache_utils.py``) makes every layer with a ``sliding_window`` a sliding
+    layer of ``DynamicCache``, and vLLM gives such a model a ``SlidingWindowSpec`` for all layers.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -219,8 +220,12 @@ def kv_cached_tokens(model: ModelLike, seq_len: int) -> tuple[int, ...]:
     cfg = load_config(model)
     s = check_positive("seq_len", seq_len)
     window = cfg.sliding_window
-    if window is None or not cfg.layer_types:
+    if window is None and cfg.model_type == "mistral":
+        window = cfg.raw.get("sliding_window")
+    if not isinstance(window, int) or window <= 0:
         return (s,) * cfg.num_layers
+    if not cfg.layer_types:  # one window for every layer
+        return (min(s, window),) * cfg.num_layers
     return tuple(min(s, window) if kind == "sliding_attention" else s for kind in cfg.layer_types)
 
 

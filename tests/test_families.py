@@ -195,7 +195,18 @@ def test_falcon_and_pythia_kv() -> None:
     assert kv_bytes_per_token("pythia-1.4b") == 2 * 24 * 16 * 128 * 2  # full multi-head attention
 
 
-@pytest.mark.parametrize("model", ["llama-2-7b", "mistral-7b", "phi-3-mini", "qwen2-0.5b", "gpt2"])
+@pytest.mark.parametrize("model,window", [("mistral-7b", 4096), ("phi-3-mini", 2047)])
+def test_a_window_over_every_layer_caps_every_layer(model: str, window: int) -> None:
+    """transformers' DynamicCache makes every layer with a sliding_window a sliding layer (and vLLM too)."""
+    cfg = load_config(model)
+    full = kv_bytes_per_token(model)
+    assert kv_bytes_per_token(model, seq_len=window) == full  # up to the window every token is cached
+    s = min(8192, cfg.max_positions)
+    assert estimate_inference(model, seq_len=s, batch_size=3).kv_cache_bytes == 3 * window * full
+    assert serve(model, gpu="h100-sxm", max_model_len=s).blocks_per_seq == -(-window // 16)
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "qwen2-0.5b", "gpt2"])
 def test_models_without_sliding_layers_keep_their_kv(model: str) -> None:
     cfg = load_config(model)
     s = min(8192, cfg.max_positions)
