@@ -3,8 +3,9 @@
 * Adds ``vendor/memlib-live.js`` (the loader, the book's own file) to each page that holds a calculator
   (an element of class ``memlib-live``), and to no other page.
 * Writes memlib's pure modules (:data:`memlib.live.LIVE_MODULES` and the shipped model configs) as one zip to
-  ``<site>/live/memlib-<sha256[:12]>.zip``: the content hash in the name means a browser never runs a stale
-  cached copy after the book is rebuilt; the page learns the name from ``window.MEMLIB_LIVE``.
+  ``<site>/live/memlib.zip``; pages fetch it as ``live/memlib.zip?v=<sha256[:12]>`` (``window.MEMLIB_LIVE``), so
+  a browser never runs a stale cached copy after a rebuild. (One fixed file name: a page an incremental build
+  does not rewrite keeps an older ``?v=`` but still gets the current zip.)
 * Checks that Pyodide is in place (``vendor/site/vendor/pyodide/``, fetched by
   ``python tools/fetch_vendor.py --build``) and that every file matches the sha256 in ``vendor/manifest.json``;
   otherwise warns, which fails ``jupyter-book build -W``.
@@ -65,7 +66,7 @@ def _pyodide_problems() -> list[str]:
 
 def _inited(app: Sphinx) -> None:
     data = memlib_zip()
-    _STATE.update(zip=data, name=f"live/memlib-{hashlib.sha256(data).hexdigest()[:12]}.zip")
+    _STATE.update(zip=data, name="live/memlib.zip", version=hashlib.sha256(data).hexdigest()[:12])
     problems = _pyodide_problems()
     if problems:
         logger.warning("the live calculators need Pyodide: run `python tools/fetch_vendor.py --build` (%s)",
@@ -76,7 +77,8 @@ def _page(app: Sphinx, pagename: str, templatename: str, context: dict, doctree:
     """Only a page that holds a calculator loads the script (Sphinx adds page-local assets during this event)."""
     if 'class="memlib-live"' not in str(context.get("body", "")):
         return
-    app.add_js_file(None, body=f"window.MEMLIB_LIVE = {json.dumps({'zip': _STATE['name']})};")
+    url = f"{_STATE['name']}?v={_STATE['version']}"
+    app.add_js_file(None, body=f"window.MEMLIB_LIVE = {json.dumps({'zip': url})};")
     app.add_js_file(LOADER)
 
 
@@ -85,8 +87,6 @@ def _finished(app: Sphinx, exception: Exception | None) -> None:
         return
     target = Path(app.outdir) / _STATE["name"]
     target.parent.mkdir(parents=True, exist_ok=True)
-    for old in target.parent.glob("memlib-*.zip"):
-        old.unlink()
     target.write_bytes(_STATE["zip"])
 
 

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+import struct
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -14,7 +17,10 @@ from hypothesis import strategies as st
 
 from memlib.errors import MemlibError
 from memlib.estimate import OPTIMIZERS, PRECISIONS, estimate_training
-from memlib.live import LIVE_KINDS, LIVE_MODULES, render, training_verdict
+from memlib import formats as fm
+from memlib.live import LIVE_KINDS, LIVE_MODULES, OFFLOAD_PARTS, offload_breakdown, render, training_verdict
+from memlib.offload import offload_step_time
+from memlib.params import count_params
 from memlib.widgets import training_view
 from memlib.widgets_drills import next_card, reveal_card
 
@@ -87,7 +93,7 @@ def test_bad_params_name_the_value(params: object, bad: str) -> None:
 
 
 def test_unknown_kind_lists_the_kinds() -> None:
-    with pytest.raises(MemlibError, match="unknown kind 'serving'; expected one of: training, drill"):
+    with pytest.raises(MemlibError, match="unknown kind 'serving'; expected one of: training, drill, format, offload, serve"):
         render("serving")
 
 
@@ -124,7 +130,7 @@ def test_the_browser_zip_imports_with_the_standard_library_only(tmp_path: Path) 
     finally:
         sys.path.remove(str(REPO / "_ext"))
     data = memlib_live.memlib_zip()
-    assert data == memlib_live.memlib_zip()  # reproducible: same sources, same bytes, same hashed name
+    assert data == memlib_live.memlib_zip()  # reproducible: same sources, same bytes, same ?v= hash
     with zipfile.ZipFile(__import__("io").BytesIO(data)) as zf:
         names = zf.namelist()
         zf.extractall(tmp_path)
@@ -136,3 +142,67 @@ def test_the_browser_zip_imports_with_the_standard_library_only(tmp_path: Path) 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     imported = set(eval(out.stdout))  # noqa: S307 (our own subprocess's list)
     assert imported <= set(LIVE_MODULES) and "live" in imported
+
+
+# ------------------------------------------------------------------------------------- Chapter 2: format
+SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 65504.0, 65519.0, 65520.0, 1e-9, 448.0, 464.0, 465.0, 500.0,
+           57344.0, 61440.0, 1.7976931348623157e308, 5e-324, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 1 + 2**-11 + 2**-40,
+           3.4028235677973366e38, 3.402823669209385e38, -1 / 3, 0.1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(SPECIAL),
+                       st.integers(0, 2**64 - 1).map(lambda b: struct.unpack("<d", b.to_bytes(8, "little"))[0])),
+       fmt=st.sampled_from(fm.FORMAT_NAMES), via_fp32=st.booleans())
+def test_encode_without_numpy_gives_to_bits_pattern(value: float, fmt: str, via_fp32: bool) -> None:
+    """encode's numpy-free path (the browser has no numpy) equals the array path bit for bit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's cast warning for NaN/overflow
+        expected = int(fm.to_bits(value, fmt, via_fp32=via_fp32))
+    assert fm._pattern_scalar(value, fmt, via_fp32) == expected
+    assert int(fm.encode(value, fmt, via_fp32=via_fp32).bits, 2) == expected
+
+
+def test_format_calculator_shows_encode_for_every_format() -> None:
+    html = render("format", {"value": "65520"}, live=True)
+    for name in fm.FORMAT_NAMES:
+        b = fm.encode(65520.0, name)
+        assert f"<tr><td>{name}</td>" in html and f"<td>{b.value:.10g}</td><td>{b.kind}</td>" in html
+        assert all(f">{field}</span>" in html for field in b.grouped.split(" "))
+    assert "<td>inf</td><td>inf</td>" in html and "<td>448</td>" in html  # fp16 overflows, e4m3 saturates
+    assert "cannot read abc as a number" in render("format", {"value": "abc"})
+
+
+# ------------------------------------------------------------------------------------ Chapter 7: offload
+def test_offload_breakdown_sums_to_the_modelled_steps() -> None:
+    parts, off = offload_breakdown(7_000_000_000, tokens_per_step=16384, micro_tokens=4096, delayed_update=True)
+    assert list(parts) == ["no offload", "ZeRO-Offload"] and all(len(v) == len(OFFLOAD_PARTS) for v in parts.values())
+    assert math.isclose(sum(parts["ZeRO-Offload"]), off.step_s)
+    base = offload_step_time(7_000_000_000, 4096, "none", gpu="h100", link="pcie5", grad_accum_steps=4,
+                             cpu_adam_params_per_s=4e9)
+    assert math.isclose(sum(parts["no offload"]), base.step_s) and all(v >= 0 for v in parts["ZeRO-Offload"])
+
+
+def test_offload_calculator_shows_memlibs_overhead() -> None:
+    html = render("offload", {"gpu": "v100", "link": "pcie3", "tokens_per_step": "16384"}, live=True)
+    _, off = offload_breakdown(count_params("llama-2-7b").params, gpu="v100", link="pcie3", tokens_per_step=16384)
+    assert f"step {off.step_s:.2f} s" in html and f"overhead {off.overhead:+.0%}, bound by {off.bound}" in html
+    with pytest.raises(MemlibError, match="unknown link 'pcie7'"):
+        render("offload", {"link": "pcie7"})
+
+
+# ------------------------------------------------------------------------------------ Chapter 11: serve
+def test_serve_calculator_shows_the_inference_limits() -> None:
+    from memlib.inference import max_batch_size, max_seq_len
+    from memlib.widgets_inference import inference_view
+
+    html = render("serve", {"model": "llama-7b", "gpu_memory_gib": "24.0", "weights": "int8", "seq_len": "2048",
+                            "batch_size": "16"}, live=True)
+    gpu = 24 * 2**30
+    batch = max_batch_size("llama-7b", gpu, seq_len=2048, weights="int8")
+    longest = max_seq_len("llama-7b", gpu, batch_size=16, weights="int8")
+    assert f"at 2,048 tokens the largest batch is {batch:,}; at batch 16 the longest context is {longest:,} tokens" in html
+    limits, fig, _ = inference_view("llama-7b", 24.0, "int8", "fp16", 2048, 16)  # the widget agrees
+    fig.clf()
+    assert limits == {"max_batch": batch, "max_seq_len": longest}
+    assert "maximum positions" in render("serve", {"model": "gpt2", "seq_len": "32768"})

@@ -2,8 +2,8 @@
  *
  * Every element with class "memlib-live" was drawn by memlib.live.render(kind, params) when the notebook ran.
  * This script only enables its controls, loads Pyodide (self-hosted under vendor/pyodide/, about 13 MB, fetched
- * on first use and then cached by the browser) and the memlib zip the book build wrote (live/memlib-<hash>.zip,
- * named in window.MEMLIB_LIVE), and calls render() again with the controls' values whenever one changes. No
+ * on first use and then cached by the browser) and the memlib zip the book build wrote (live/memlib.zip, with
+ * its content hash as ?v= in window.MEMLIB_LIVE), and calls render() again with the controls' values whenever one changes. No
  * number is computed here: the HTML comes back from Python. The book's Sphinx extension _ext/memlib_live.py adds
  * this script (and window.MEMLIB_LIVE) to the pages that hold a calculator, and to no other.
  * Without WebAssembly the static copy stays and the status line says why.
