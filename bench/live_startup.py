@@ -1,7 +1,7 @@
 """Benchmark: the live calculators' startup and update times in a real browser. Targets: first result ≤ 10 s
 after first use (Pyodide's 13 MB from a cold cache, memlib, one render) on a laptop; each later update ≤ 200 ms.
 
-Opens chapter 1's calculator and the numeric drills' flashcard of the built book in Debian's chromium (network
+Opens the calculators of chapters 1, 2 and 7 and the numeric drills' flashcard in the built book in Debian's chromium (network
 blocked, a fresh profile per run, so every run starts cold), moves controls, and prints a Markdown table: the
 first result after first use and its phases (Pyodide runtime loaded, memlib imported), then the later updates
 as the page itself counts them (memlib.live.render in Pyodide + the DOM swap) and as seen from outside (action
@@ -32,6 +32,12 @@ CASES = {
                                                          Step("click", "button[value=reveal]"),
                                                          Step("click", "button[value=next]"),
                                                          Step("click", "button[value=next]")]),
+    "chapter 2 (a number's bits)": ("chapters/02_", [Step("fill", "input[name=value]", "65520"),
+                                                     Step("fill", "input[name=value]", "1e-9"),
+                                                     Step("fill", "input[name=value]", "-0.333")]),
+    "chapter 7 (offload time)": ("chapters/07_", [Step("select", "select[name=link]", "pcie3"),
+                                                  Step("select", "select[name=tokens_per_step]", "16384"),
+                                                  Step("select", "select[name=delayed_update]", "yes")]),
 }
 
 

@@ -1,5 +1,7 @@
 """The live calculators (memlib under Pyodide) work in the built book, offline: moving a control changes the result.
 
+Chapter 1 and the numeric drills (the issue's CI check), Chapter 2 (a number's bits) and Chapter 7 (offload time).
+
 Each test opens a page in Debian's chromium with every request outside the local server aborted, acts on the
 page's ``.memlib-live`` calculator as a reader would, and checks the result the browser shows against memlib
 run here in CPython: the same code gives the same numbers. The startup (first use to first result) and update
@@ -13,8 +15,10 @@ import pytest
 from checker import book_pages
 from live_check import LiveRun, Step, run_live
 
+from memlib import formats as fm
 from memlib.estimate import estimate_training
-from memlib.live import training_verdict
+from memlib.live import offload_breakdown, training_verdict
+from memlib.params import count_params
 from memlib.widgets_drills import next_card, reveal_card
 
 
@@ -69,8 +73,29 @@ def test_without_webassembly_the_static_copy_stays_and_says_why(site: Path) -> N
     assert "GiB per GPU" in run.results[0]  # the static result is still there
 
 
-@pytest.mark.parametrize("prefix", ["chapters/01_", "drills/02_numeric"])
+@pytest.mark.parametrize("prefix", ["chapters/01_", "chapters/02_", "chapters/07_", "drills/02_numeric"])
 def test_page_has_one_calculator_with_the_contract_classes(site: Path, prefix: str) -> None:
     text = (site / _page(site, prefix)).read_text(encoding="utf-8")
     assert text.count('class="memlib-live"') == 1 and text.count('class="memlib-live-result"') == 1
     assert "window.MEMLIB_LIVE" in text and "memlib-live.js" in text
+
+
+def test_chapter_2_number_shows_its_bits_in_every_format(site: Path) -> None:
+    run = run_live(site, _page(site, "chapters/02_"), [Step("fill", "input[name=value]", "65520")])
+    _report(run)
+    _clean(run)
+    before, after = run.results
+    assert before != after
+    for name in fm.FORMAT_NAMES:
+        b = fm.encode(65520.0, name)
+        assert b.grouped in after and f"{b.value:.10g}" in after, (name, after)
+
+
+def test_chapter_7_offload_model_follows_the_controls(site: Path) -> None:
+    run = run_live(site, _page(site, "chapters/07_"), [Step("select", "select[name=link]", "pcie3"),
+                                                       Step("select", "select[name=tokens_per_step]", "16384")])
+    _report(run)
+    _clean(run)
+    assert len(set(run.results)) == 3
+    _, off = offload_breakdown(count_params("llama-2-7b").params, link="pcie3", tokens_per_step=16384)
+    assert f"step {off.step_s:.2f} s" in run.results[-1] and f"overhead {off.overhead:+.0%}" in run.results[-1]
