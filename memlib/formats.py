@@ -1,6 +1,7 @@
 """Floating-point formats bit by bit: encode, decode and round like PyTorch does (Chapter 2).
 
-Pure numpy. Five formats, the keys of :data:`memlib.dtypes.FLOAT_FORMATS`: ``fp32``, ``fp16``, ``bf16``,
+Pure numpy (the one-number functions :func:`encode`, :func:`decode` and :func:`format_properties` also run
+without it, in the book's live calculator). Five formats, the keys of :data:`memlib.dtypes.FLOAT_FORMATS`: ``fp32``, ``fp16``, ``bf16``,
 ``fp8_e4m3`` (PyTorch's ``float8_e4m3fn``: no infinities, NaN only at ``S.1111.111``, max 448) and
 ``fp8_e5m2`` (IEEE-like, max 57344).
 
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from numpy.typing import ArrayLike
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover (the browser: Pyodide without numpy; encode/decode/properties still work)
+    np = None  # type: ignore[assignment]
 
 from .dtypes import FLOAT_FORMATS, FloatFormat
 from .errors import MemlibError, check_choice
@@ -50,7 +53,11 @@ __all__ = [
 #: The formats this module knows, in table order.
 FORMAT_NAMES: tuple[str, ...] = tuple(FLOAT_FORMATS)
 
-_UINT: dict[int, type[np.unsignedinteger[Any]]] = {8: np.uint8, 16: np.uint16, 32: np.uint32}
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+_UINT: dict[int, type[np.unsignedinteger[Any]]] = {} if np is None else {8: np.uint8, 16: np.uint16, 32: np.uint32}
+_INTEGERS: tuple[type, ...] = (int,) if np is None else (int, np.integer)
 
 
 def _format(fmt: str) -> FloatFormat:
@@ -96,6 +103,54 @@ def _round_single(x: np.ndarray, f: FloatFormat) -> np.ndarray:
     too_big = r > f.max_normal  # includes inf inputs
     r[too_big] = np.inf if f.has_inf else f.max_normal  # e4m3fn: saturate, as PyTorch 2.13 does
     return np.copysign(r, x)
+
+
+def _round_scalar(x: float, f: FloatFormat) -> float:
+    """:func:`_round_single` for one Python float, without numpy (the browser runs :func:`encode` through it).
+
+    The same steps: the grid spacing 2**(max(E, emin) − mantissa_bits), ``round`` (ties to even) on the scaled
+    value, then PyTorch's overflow rule; ``tests/test_formats.py`` checks it bit for bit against the array path.
+    """
+    if math.isnan(x):
+        return x
+    a = abs(x)
+    if math.isinf(a):
+        r = math.inf if f.has_inf else f.max_normal
+    elif a == 0:
+        r = 0.0
+    else:
+        _, e = math.frexp(a)  # a = m * 2**e, m in [0.5, 1)
+        q_exp = max(e - 1, _emin(f)) - f.mantissa_bits
+        try:
+            r = math.ldexp(round(math.ldexp(a, -q_exp)), q_exp)
+        except OverflowError:  # rounded up past float64's largest number
+            r = math.inf
+        if r > f.max_normal:
+            r = math.inf if f.has_inf else f.max_normal
+    return math.copysign(r, x)
+
+
+def _pattern_scalar(value: float, fmt: str, via_fp32: bool) -> int:
+    """:func:`to_bits` of one Python float, as an int, without numpy."""
+    f = _format(fmt)
+    r = _round_scalar(value, FLOAT_FORMATS["fp32"]) if via_fp32 else value
+    if not (via_fp32 and fmt == "fp32"):
+        r = _round_scalar(r, f)
+    m, top = f.mantissa_bits, (1 << f.exponent_bits) - 1
+    sign = 1 if math.copysign(1.0, r) < 0 else 0
+    a = abs(r)
+    if math.isnan(a):
+        exp, man = top, _nan_mantissa(f)
+    elif math.isinf(a):
+        exp, man = top, 0
+    elif a == 0:
+        exp, man = 0, 0
+    elif a < f.min_normal:
+        exp, man = 0, int(math.ldexp(a, m - _emin(f)))
+    else:
+        _, e = math.frexp(a)
+        exp, man = e - 1 + f.bias, int(math.ldexp(a, m - (e - 1))) - (1 << m)
+    return (sign << (f.bits - 1)) | (exp << m) | man
 
 
 def round_to_format(x: ArrayLike, fmt: str, *, via_fp32: bool = True) -> np.ndarray:
@@ -368,7 +423,7 @@ def encode(value: float, fmt: str, *, via_fp32: bool = True) -> Bits:
         v = float(value)
     except (TypeError, ValueError):
         raise MemlibError(f"cannot encode {value!r}; expected a real number") from None
-    pattern = int(to_bits(v, fmt, via_fp32=via_fp32))
+    pattern = _pattern_scalar(v, fmt, via_fp32)  # = int(to_bits(v, fmt, via_fp32=via_fp32)), numpy-free
     m = f.mantissa_bits
     sign = pattern >> (f.bits - 1)
     exponent = (pattern >> m) & ((1 << f.exponent_bits) - 1)
@@ -398,7 +453,7 @@ def decode(sign: int, exponent: int, mantissa: int, fmt: str) -> float:
     f = _format(fmt)
     for name, val, hi in (("sign", sign, 1), ("exponent", exponent, (1 << f.exponent_bits) - 1),
                           ("mantissa", mantissa, (1 << f.mantissa_bits) - 1)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or not 0 <= int(val) <= hi:
+        if isinstance(val, bool) or not isinstance(val, _INTEGERS) or not 0 <= int(val) <= hi:
             raise MemlibError(f"{name} field {val!r} out of range for {fmt}; expected an integer in 0..{hi}")
     kind = _kind(int(exponent), int(mantissa), f)
     s = -1.0 if sign else 1.0

@@ -7,7 +7,7 @@ from .configs import shipped_models
 from .dtypes import GiB
 from .errors import MemlibError
 from .estimate import OPTIMIZERS, PRECISIONS, TrainingEstimate, estimate_training
-from .inference import reserve_bytes
+from .live import training_verdict
 from .plots import training_breakdown_figure
 
 __all__ = ["training_view", "training_widget"]
@@ -18,19 +18,13 @@ def training_view(model: str = "llama-2-7b", batch_size: int = 4, seq_len: int =
                   num_gpus: int = 1, gpu_memory_gib: float = 80.0) -> tuple[TrainingEstimate, Any, str]:
     """The widget's callback: the estimate, its stacked-bar figure and a one-line verdict. Chapter 1.
 
-    A GPU's memory is binary (an "80 GB" card holds 80 GiB). The estimate fits when it plus the book's one
-    reserve (:func:`memlib.inference.reserve_bytes`: CUDA context + 5 % fragmentation) is within that memory.
+    The verdict is :func:`memlib.live.training_verdict` (the page's live calculator prints the same line).
     """
     est = estimate_training(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
                             optimizer=optimizer, zero_stage=zero_stage, num_gpus=num_gpus)
     label = f"{model}\nb={batch_size} s={seq_len}\n{precision}, {optimizer}, ZeRO-{zero_stage}×{num_gpus}"
-    capacity = int(gpu_memory_gib * GiB)
-    fig = training_breakdown_figure([est], [label], gpu_memory_bytes=capacity)
-    reserve = reserve_bytes(est.total_bytes)
-    fits = est.total_bytes + reserve <= capacity
-    verdict = (f"{est.total_bytes / GiB:.1f} GiB per GPU + {reserve / GiB:.1f} GiB reserve (peak in the "
-               f"{est.peak_phase}): {'fits' if fits else 'does not fit'} in {gpu_memory_gib:.0f} GiB")
-    return est, fig, verdict
+    fig = training_breakdown_figure([est], [label], gpu_memory_bytes=int(gpu_memory_gib * GiB))
+    return est, fig, training_verdict(est, gpu_memory_gib)
 
 
 def training_widget() -> Any:

@@ -1,4 +1,4 @@
-"""Fetch the book's browser-side JavaScript (require.js, ipywidgets' html-manager, MathJax 3) from the npm registry.
+"""Fetch the book's browser-side JavaScript (require.js, ipywidgets' html-manager, MathJax 3, Pyodide) from npm.
 
 The built book must render with no network: widget state is rendered by @jupyter-widgets/html-manager (loaded
 with require.js) and formulas by MathJax 3, which Jupyter Book 1 would otherwise pull from CDNs. This script
@@ -6,12 +6,19 @@ downloads exact, pinned npm tarballs, checks each against the registry's sha512 
 and copies only the files a page needs into ``vendor/site/vendor/<name>/`` together with their licences
 (``vendor/site/vendor/widgets-offline.js`` is the book's own glue, not fetched).
 ``_config.yml`` ships ``vendor/site`` with the book (``html_extra_path``), so the files land in
-``_build/html/vendor/`` and pages load them by relative URL. The fetched files are committed, so building the
-book needs no network; ``vendor/manifest.json`` records each file's sha256 so the commit can be checked.
+``_build/html/vendor/`` and pages load them by relative URL. ``vendor/manifest.json`` records each file's sha256.
+
+require.js, html-manager and MathJax (6 MB) are committed, so rendering them needs no network. Pyodide (the
+live calculators' Python, 13.4 MB: a 9.6 MB WebAssembly binary and a 2.5 MB standard library) is not: a
+binary that size would double the repository and add as much again with every upgrade. The book build fetches
+it (``--build``, in README.md's build command) into the ignored ``vendor/site/vendor/pyodide/``, checks the
+tarball's sha512 against the pin below and every file's sha256 against the committed manifest, and skips the
+download when the files there already match (a cache).
 
 Usage::
 
-    python tools/fetch_vendor.py           # (re)fetch into vendor/site/vendor and rewrite vendor/manifest.json
+    python tools/fetch_vendor.py           # (re)fetch every package and rewrite vendor/manifest.json
+    python tools/fetch_vendor.py --build   # fetch only the uncommitted packages (Pyodide) unless already there
     python tools/fetch_vendor.py --check   # offline: committed files match the manifest and the pins below
 
 To upgrade a package, change its version and integrity (``npm view <pkg>@<version> dist.integrity``), run the
@@ -37,6 +44,7 @@ SITE = REPO / "vendor" / "site"  # html_extra_path root: its content is copied t
 DEST = SITE / "vendor"  # -> _build/html/vendor/<name>/
 MANIFEST = REPO / "vendor" / "manifest.json"
 REGISTRY = "https://registry.npmjs.org"
+LICENSES = REPO / "vendor" / "licenses"  # full licence texts for packages whose tarball carries none
 
 _BSD3_JUPYTER = """Copyright (c) 2015 Project Jupyter Contributors
 All rights reserved.
@@ -101,6 +109,7 @@ class Package:
     license: str  # SPDX id
     files: tuple[tuple[str, str], ...]  # (glob inside the tarball's package/, destination folder or file)
     license_text: str | None = None  # written to LICENSE when the tarball carries none
+    committed: bool = True  # False: fetched by the book build (--build) into an ignored folder, never committed
 
     @property
     def tarball(self) -> str:
@@ -151,6 +160,30 @@ PACKAGES: tuple[Package, ...] = (
             ("es5/input/tex/extensions/*.js", "input/tex/extensions"),
         ),
     ),
+    # Pyodide: CPython compiled to WebAssembly; runs memlib's pure modules in the reader's browser (the live
+    # calculators, _static/memlib-live.js). Only the core runtime: no packages from its repository (memlib
+    # needs only the standard library). 314.0.x = Python 3.14.
+    Package(
+        name="pyodide",
+        npm="pyodide",
+        version="314.0.8",
+        integrity="sha512-74Wq1kXOC+CCEzAfxuRAO701nAcCMLjf8NrwvWpu8S41dVMXwXmLQ05dYB+F4e46AdnGo0oq7YHSVUpHsoarLQ==",
+        license="MPL-2.0",
+        files=(
+            ("pyodide.js", "pyodide.js"),
+            ("pyodide.mjs", "pyodide.mjs"),
+            ("pyodide.asm.mjs", "pyodide.asm.mjs"),
+            ("pyodide.asm.wasm", "pyodide.asm.wasm"),
+            ("python_stdlib.zip", "python_stdlib.zip"),
+            ("pyodide-lock.json", "pyodide-lock.json"),
+            ("package.json", "package.json"),
+        ),
+        license_text=("Pyodide (https://github.com/pyodide/pyodide) is licensed under the Mozilla Public License 2.0,\n"
+                      "whose full text follows. Its source code: https://github.com/pyodide/pyodide (tag 314.0.8).\n"
+                      "pyodide.asm.wasm and python_stdlib.zip contain CPython, licensed under the Python Software\n"
+                      "Foundation License Version 2 (https://docs.python.org/3/license.html).\n\n"),
+        committed=False,
+    ),
 )
 
 
@@ -181,14 +214,27 @@ def _select(pkg: Package, tar: tarfile.TarFile) -> dict[str, bytes]:
                 target = f"{dest}/{src.rsplit('/', 1)[-1]}".removeprefix("./")
             out[target] = data
     if pkg.license_text is not None:
-        out.setdefault("LICENSE", pkg.license_text.encode())
+        text = pkg.license_text
+        if pkg.license == "MPL-2.0":
+            text += (LICENSES / "MPL-2.0.txt").read_text(encoding="utf-8")
+        out.setdefault("LICENSE", text.encode())
     return out
 
 
-def fetch() -> dict:
-    """Download, verify and unpack every package; return the manifest."""
+def _matches(root: Path, files: dict[str, str]) -> bool:
+    """True when ``root`` holds exactly ``files`` (relative path -> sha256)."""
+    if not root.is_dir():
+        return False
+    on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    return on_disk == set(files) and all(_sha256((root / rel).read_bytes()) == d for rel, d in files.items())
+
+
+def fetch(packages: tuple[Package, ...] = PACKAGES) -> dict:
+    """Download, verify and unpack ``packages``; return the manifest (entries of other packages kept)."""
     manifest: dict = {"registry": REGISTRY, "packages": {}}
-    for pkg in PACKAGES:
+    if MANIFEST.is_file() and packages != PACKAGES:
+        manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
+    for pkg in packages:
         print(f"fetch {pkg.tarball}", flush=True)
         with urllib.request.urlopen(pkg.tarball, timeout=120) as resp:  # noqa: S310 (fixed https URL)
             data = resp.read()
@@ -215,13 +261,50 @@ def fetch() -> dict:
     return manifest
 
 
+def fetch_for_build() -> list[str]:
+    """Put the uncommitted packages (Pyodide) in place for the book build; return what was done, per package.
+
+    A package whose files already match the committed manifest is left alone (no network). Otherwise its pinned
+    tarball is downloaded, checked against the pinned sha512, unpacked, and every file checked against the
+    manifest's sha256; any mismatch raises SystemExit and leaves no partial folder behind.
+    """
+    manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
+    done = []
+    for pkg in (p for p in PACKAGES if not p.committed):
+        entry = manifest["packages"].get(pkg.name)
+        if entry is None or (entry["version"], entry["integrity"]) != (pkg.version, pkg.integrity):
+            raise SystemExit(f"{pkg.name}: vendor/manifest.json does not pin {pkg.version}; run tools/fetch_vendor.py")
+        root = DEST / pkg.name
+        if _matches(root, entry["files"]):
+            done.append(f"{pkg.name} {pkg.version}: already in place ({entry['bytes'] / 1e6:.1f} MB)")
+            continue
+        print(f"fetch {pkg.tarball}", flush=True)
+        with urllib.request.urlopen(pkg.tarball, timeout=300) as resp:  # noqa: S310 (fixed https URL)
+            data = resp.read()
+        _check_integrity(pkg, data)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            files = _select(pkg, tar)
+        wrong = sorted(set(files) ^ set(entry["files"])) + sorted(
+            rel for rel, blob in files.items() if entry["files"].get(rel) not in (None, _sha256(blob)))
+        if wrong:
+            raise SystemExit(f"{pkg.name}: files differ from vendor/manifest.json: {wrong}")
+        if root.exists():
+            shutil.rmtree(root)
+        for rel, blob in sorted(files.items()):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(blob)
+        done.append(f"{pkg.name} {pkg.version}: fetched and verified ({entry['bytes'] / 1e6:.1f} MB)")
+    return done
+
+
 def check() -> list[str]:
     """Offline check: the committed vendor files are exactly those of the manifest, which matches the pins."""
     problems: list[str] = []
     manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
     pinned = {p.name: p for p in PACKAGES}
+    committed = {p.name for p in PACKAGES if p.committed}
     on_disk = {p.name for p in DEST.iterdir() if p.is_dir()}  # loose files there are the book's own
-    if set(manifest["packages"]) != set(pinned) or on_disk != set(pinned):
+    if set(manifest["packages"]) != set(pinned) or not committed <= on_disk <= set(pinned):
         problems.append(f"packages: manifest {sorted(manifest['packages'])}, on disk {sorted(on_disk)}, "
                         f"pinned {sorted(pinned)}")
     for name, entry in manifest["packages"].items():
@@ -229,6 +312,9 @@ def check() -> list[str]:
         if pkg is not None and (entry["version"], entry["integrity"]) != (pkg.version, pkg.integrity):
             problems.append(f"{name}: manifest has {entry['version']}, script pins {pkg.version}; run the script")
         root = DEST / name
+        if name not in committed and not root.exists():
+            continue  # fetched by the book build (--build); checked there
+
         on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
         for rel in sorted(on_disk - set(entry["files"])):
             problems.append(f"{name}/{rel}: not in the manifest")
@@ -246,7 +332,12 @@ def check() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="verify committed files against the manifest (offline)")
+    parser.add_argument("--build", action="store_true",
+                        help="fetch the uncommitted packages (Pyodide) for the book build unless already in place")
     args = parser.parse_args(argv)
+    if args.build:
+        print("\n".join(fetch_for_build()))
+        return 0
     if args.check:
         problems = check()
         print("\n".join(problems) or "vendor files match vendor/manifest.json")
