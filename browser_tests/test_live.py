@@ -1,6 +1,7 @@
 """The live calculators (memlib under Pyodide) work in the built book, offline: moving a control changes the result.
 
-Chapter 1 and the numeric drills (the issue's CI check), Chapter 2 (a number's bits) and Chapter 7 (offload time).
+Chapter 1 and the numeric drills (the issue's CI check), Chapter 2 (a number's bits), Chapter 7 (offload time),
+Chapter 11 (the serving fit) and Chapter 14 (a vLLM-style serving budget).
 
 Each test opens a page in Debian's chromium with every request outside the local server aborted, acts on the
 page's ``.memlib-live`` calculator as a reader would, and checks the result the browser shows against memlib
@@ -16,9 +17,12 @@ from checker import book_pages
 from live_check import LiveRun, Step, run_live
 
 from memlib import formats as fm
+from memlib.dtypes import GiB
 from memlib.estimate import estimate_training
+from memlib.inference import max_batch_size
 from memlib.live import offload_breakdown, training_verdict
 from memlib.params import count_params
+from memlib.serve import serve
 from memlib.widgets_drills import next_card, reveal_card
 
 
@@ -73,7 +77,29 @@ def test_without_webassembly_the_static_copy_stays_and_says_why(site: Path) -> N
     assert "GiB per GPU" in run.results[0]  # the static result is still there
 
 
-@pytest.mark.parametrize("prefix", ["chapters/01_", "chapters/02_", "chapters/07_", "drills/02_numeric"])
+def test_chapter_11_serving_fit_follows_the_controls(site: Path) -> None:
+    run = run_live(site, _page(site, "chapters/11_"), [Step("select", "select[name=weights]", "int8")])
+    _report(run)
+    _clean(run)
+    before, after = run.results
+    assert before != after
+    batch = max_batch_size("llama-7b", 24 * GiB, seq_len=2048, weights="int8")
+    assert f"at 2,048 tokens the largest batch is {batch:,}" in after, after
+
+
+def test_chapter_14_serving_budget_follows_the_controls(site: Path) -> None:
+    run = run_live(site, _page(site, "chapters/14_"), [Step("select", "select[name=kv_dtype]", "fp8"),
+                                                       Step("select", "select[name=gpu]", "h200")])
+    _report(run)
+    _clean(run)
+    assert len(set(run.results)) == 3
+    for text, kw in zip(run.results, ({}, {"kv_dtype": "fp8"}, {"kv_dtype": "fp8", "gpu": "h200"})):
+        fit = serve("llama-3-8b", max_model_len=8192, **{"gpu": "h100-sxm", **kw})
+        assert f"{fit.max_concurrent_seqs} requests of 8,192 tokens" in text, (kw, text)
+
+
+@pytest.mark.parametrize("prefix", ["chapters/01_", "chapters/02_", "chapters/07_", "chapters/11_", "chapters/14_",
+                                    "drills/02_numeric"])
 def test_page_has_one_calculator_with_the_contract_classes(site: Path, prefix: str) -> None:
     text = (site / _page(site, prefix)).read_text(encoding="utf-8")
     assert text.count('class="memlib-live"') == 1 and text.count('class="memlib-live-result"') == 1

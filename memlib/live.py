@@ -31,16 +31,19 @@ from .estimate import KV_DTYPES, OPTIMIZERS, PRECISIONS, TrainingEstimate, estim
 from .formats import FORMAT_NAMES, encode
 from .offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
 from .params import count_params
+from .serve import ServeFit, serve
 from .inference import max_batch_size, max_seq_len, reserve_bytes
 from .plots import CATEGORY_COLORS, peak_composition
 from .widgets_drills import CardState, check_card, next_card, reveal_card
 
-__all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "render", "training_verdict"]
+__all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "render", "serve_parts",
+           "training_verdict"]
 
 #: memlib's modules the live calculators import (shipped to the browser as one zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
-    "__init__", "categories", "configs", "drills", "dtypes", "errors", "estimate", "flops", "formats", "gpus",
-    "inference", "live", "lora", "offload", "params", "plots", "search", "serve", "widgets_drills",
+    "__init__", "categories", "configs", "drills", "dtypes", "errors", "estimate", "families_dense", "flops",
+    "formats", "gpus",
+    "inference", "live", "lora", "offload", "parallel", "params", "plots", "search", "serve", "widgets_drills",
 )
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -341,8 +344,8 @@ SERVE_GPU_GIB = (16.0, 24.0, 32.0, 40.0, 48.0, 80.0, 96.0, 140.0)
 SERVE_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
-def _serve(params: Mapping[str, Any], live: bool) -> str:
-    """Chapter 11's serving fit (not yet on its page): the largest batch and the longest context that fit."""
+def _serving_fit(params: Mapping[str, Any], live: bool) -> str:
+    """Chapter 11's serving fit: the largest batch and the longest context that fit."""
     models = shipped_models()
     model = _choice(params, "model", "llama-7b", models)
     memory = float(_choice(params, "gpu_memory_gib", 24.0, SERVE_GPU_GIB))
@@ -370,6 +373,74 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
                 f"batch is {batch:,}; at batch {batch_size} the longest context is {longest:,} tokens"
                 if batch or longest else f"{model} with {weights} weights does not fit in {memory:g} GiB at all")
     result = f'<p class="memlib-live-verdict"><b>{_e(line)}</b></p>'
+    return _root("serving_fit", controls, result, live, _STATIC_NOTE)
+
+
+# ------------------------------------------------------------------------------ vLLM-style serving (Ch. 14)
+SERVE_GPUS = ("l4", "a10", "rtx-4090", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
+SERVE_LENS = (2048, 4096, 8192, 16384, 32768, 131072)
+SERVE_UTILS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+SERVE_TP = (1, 2, 4, 8)
+SERVE_WEIGHTS = ("fp16", "int8", "int4")
+SERVE_KV = ("fp16", "fp8", "int8", "int4")
+_SERVE_PARTS = (("weights", "#4c72b0"), ("prefill activations", "#dd8452"), ("non-torch + CUDA graphs", "#8c8c8c"),
+                ("KV blocks", "#55a868"))
+
+
+def serve_parts(fit: ServeFit) -> dict[str, int]:
+    """The budget of a :func:`memlib.serve.serve` result, part by part, in bytes per GPU. Chapter 14."""
+    return {"weights": fit.weights_bytes + fit.draft_weights_bytes, "prefill activations": fit.activation_bytes,
+            "non-torch + CUDA graphs": fit.non_torch_bytes + fit.cuda_graph_bytes, "KV blocks": fit.kv_cache_bytes}
+
+
+def _serve(params: Mapping[str, Any], live: bool) -> str:
+    models = shipped_models()
+    model = _choice(params, "model", "llama-3-8b", models)
+    gpu = _choice(params, "gpu", "h100-sxm", SERVE_GPUS)
+    length = int(_choice(params, "max_model_len", 8192, SERVE_LENS))
+    util = float(_choice(params, "gpu_memory_utilization", 0.9, SERVE_UTILS))
+    weights = _choice(params, "weights", "fp16", SERVE_WEIGHTS)
+    kv = _choice(params, "kv_dtype", "fp16", SERVE_KV)
+    tp = int(_choice(params, "tensor_parallel", 1, SERVE_TP))
+    controls = (_select("model", "model", models, model, live) + _select("gpu", "GPU", SERVE_GPUS, gpu, live)
+                + _select("max_model_len", "max-model-len", SERVE_LENS, length, live)
+                + _select("gpu_memory_utilization", "gpu_memory_utilization", SERVE_UTILS, util, live)
+                + _select("weights", "weights", SERVE_WEIGHTS, weights, live)
+                + _select("kv_dtype", "KV cache", SERVE_KV, kv, live)
+                + _select("tensor_parallel", "tensor parallel", SERVE_TP, tp, live))
+    try:
+        fit = serve(model, gpu=gpu, max_model_len=length, gpu_memory_utilization=util, weights=weights,
+                    kv_dtype=kv, tensor_parallel=tp)
+    except MemlibError as err:  # a length beyond the model's positions, a degree the heads do not allow
+        return _root("serve", controls, f'<p class="memlib-live-refused">refused: {_e(err)}</p>', live,
+                     _STATIC_NOTE)
+    parts = serve_parts(fit)
+    width, left, bar_w = 640, 8, 600
+    scale = bar_w / (max(sum(parts.values()), fit.gpu_memory_bytes) * 1.02)
+    x, rects = float(left), []
+    for (name, color) in _SERVE_PARTS:
+        w = parts[name] * scale
+        if w > 0:
+            rects.append(f'<rect x="{x:.1f}" y="10" width="{w:.1f}" height="34" fill="{color}"><title>{_e(name)}: '
+                         f'{parts[name] / GiB:.2f} GiB</title></rect>')
+            x += w
+    budget_x, cap_x = left + fit.budget_bytes * scale, left + fit.gpu_memory_bytes * scale
+    svg = (f'<svg class="memlib-live-bar" viewBox="0 0 {width} 72" role="img" aria-label="serving budget of '
+           f'{_e(model)} on {_e(gpu)}">' + "".join(rects)
+           + f'<line x1="{budget_x:.1f}" x2="{budget_x:.1f}" y1="4" y2="50" stroke="currentColor" '
+             f'stroke-dasharray="4 3" stroke-width="1.5"/>'
+           + f'<line x1="{cap_x:.1f}" x2="{cap_x:.1f}" y1="4" y2="50" stroke="currentColor" stroke-width="1.5"/>'
+           + f'<text x="{min(cap_x, width - 4):.1f}" y="64" font-size="11" text-anchor="end" fill="currentColor">'
+             f'GPU {fit.gpu_memory_bytes / GiB:.0f} GiB; dashed: × {util:g}</text></svg>')
+    legend = "".join(f'<span class="memlib-live-swatch" style="background:{c}"></span>{_e(n)} '
+                     f'{parts[n] / GiB:.2f} GiB ' for n, c in _SERVE_PARTS)
+    if fit.fits:
+        verdict = (f"{fit.max_concurrent_seqs} requests of {length:,} tokens at once per replica: "
+                   f"{fit.num_blocks:,} blocks of {fit.block_size} tokens, {fit.kv_bytes_per_token / 1024:g} KiB "
+                   f"of KV per token")
+    else:
+        verdict = f"does not fit: {fit.reasons[0]}"
+    result = svg + f'<p>{legend}</p><p class="memlib-live-verdict"><b>{_e(verdict)}</b></p>'
     return _root("serve", controls, result, live, _STATIC_NOTE)
 
 
@@ -377,7 +448,7 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
 _STATIC_NOTE = "Static copy: on the book's web page these controls run memlib in the browser."
 _KINDS: dict[str, Callable[[Mapping[str, Any], bool], str]] = {"training": _training, "drill": _drill,
                                                                "format": _format, "offload": _offload,
-                                                               "serve": _serve}
+                                                               "serving_fit": _serving_fit, "serve": _serve}
 #: The calculators :func:`render` draws.
 LIVE_KINDS: tuple[str, ...] = tuple(_KINDS)
 

@@ -93,7 +93,7 @@ def test_bad_params_name_the_value(params: object, bad: str) -> None:
 
 
 def test_unknown_kind_lists_the_kinds() -> None:
-    with pytest.raises(MemlibError, match="unknown kind 'serving'; expected one of: training, drill, format, offload, serve"):
+    with pytest.raises(MemlibError, match="unknown kind 'serving'; expected one of: training, drill, format, offload, serving_fit, serve"):
         render("serving")
 
 
@@ -191,12 +191,12 @@ def test_offload_calculator_shows_memlibs_overhead() -> None:
         render("offload", {"link": "pcie7"})
 
 
-# ------------------------------------------------------------------------------------ Chapter 11: serve
-def test_serve_calculator_shows_the_inference_limits() -> None:
+# ------------------------------------------------------------------------------ Chapter 11: serving fit
+def test_serving_fit_calculator_shows_the_inference_limits() -> None:
     from memlib.inference import max_batch_size, max_seq_len
     from memlib.widgets_inference import inference_view
 
-    html = render("serve", {"model": "llama-7b", "gpu_memory_gib": "24.0", "weights": "int8", "seq_len": "2048",
+    html = render("serving_fit", {"model": "llama-7b", "gpu_memory_gib": "24.0", "weights": "int8", "seq_len": "2048",
                             "batch_size": "16"}, live=True)
     gpu = 24 * 2**30
     batch = max_batch_size("llama-7b", gpu, seq_len=2048, weights="int8")
@@ -205,4 +205,23 @@ def test_serve_calculator_shows_the_inference_limits() -> None:
     limits, fig, _ = inference_view("llama-7b", 24.0, "int8", "fp16", 2048, 16)  # the widget agrees
     fig.clf()
     assert limits == {"max_batch": batch, "max_seq_len": longest}
-    assert "maximum positions" in render("serve", {"model": "gpt2", "seq_len": "32768"})
+    assert "maximum positions" in render("serving_fit", {"model": "gpt2", "seq_len": "32768"})
+
+
+# ------------------------------------------------------------------------------- Chapter 14: vLLM budget
+def test_serve_calculator_draws_serves_budget_and_users() -> None:
+    from memlib.live import serve_parts
+    from memlib.serve import serve
+
+    html = render("serve", {"model": "llama-3-8b", "gpu": "h100-sxm", "max_model_len": "8192"}, live=True)
+    fit = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192)
+    assert f"{fit.max_concurrent_seqs} requests of 8,192 tokens" in html and f"{fit.num_blocks:,} blocks" in html
+    assert sum(serve_parts(fit).values()) <= fit.budget_bytes  # the parts are the budget, the blocks rounded down
+    fp8 = render("serve", {"model": "llama-3-8b", "gpu": "h100-sxm", "max_model_len": "8192", "kv_dtype": "fp8"})
+    more = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192, kv_dtype="fp8").max_concurrent_seqs
+    assert more > fit.max_concurrent_seqs and f"{more} requests" in fp8
+    assert "does not fit: no memory left for the KV cache" in render("serve", {"model": "llama-3-70b",
+                                                                              "gpu": "h100-sxm"})
+    assert "refused: tensor_parallel 8" in render("serve", {"model": "qwen2-0.5b", "tensor_parallel": "8"})
+    with pytest.raises(MemlibError, match="expected one of"):
+        render("serve", {"gpu": "tpu-v5"})
