@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import families_moe
 from .configs import ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
@@ -203,6 +204,8 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
     b = check_positive("batch_size", batch_size)
     s = check_seq_len(cfg, check_positive("seq_len", seq_len))
     e = 4 if precision == "fp32" else 2  # activation bytes
+    if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.families_moe
+        return families_moe.activation_terms_moe(cfg, b=b, s=s, e=e, attention=attention, dropout=dropout)
     T = b * s
     h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
     q, kv, d = cfg.q_dim, cfg.kv_dim, cfg.head_dim
@@ -393,6 +396,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             raise MemlibError("give either a model or params=N, not both")
         cfg = load_config(model)
         check_seq_len(cfg, s)
+        if cfg.moe is not None or cfg.mla is not None:
+            families_moe.check_lora(cfg, method)
         pc = count_params(cfg)
         n, small = pc.params, pc.small_tensor_params
         settings["model"] = cfg.name
@@ -523,7 +528,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     elif precision.endswith("-mixed"):
         per_elem = 8 if optimizer == "adamw" else 4
         n_embed = V * h
-        n_max = max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0)
+        n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
+                 else max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
         g_elem = grad_total / n
         step_temp = int(max((per_elem - g_elem) * n_embed, (per_elem - g_elem) * n_max - g_elem * n_embed))
     elif optimizer == "adamw":

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import families_moe
 from .configs import ModelConfig, load_config
 
 __all__ = ["ParamCount", "count_params"]
@@ -81,6 +82,8 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     cfg = load_config(model, any_family=True)
     if not cfg.native:
         return _count_built(cfg)
+    if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.families_moe
+        return families_moe.count_params_moe(cfg)
     h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
     layer = _layer_tensors(cfg)
     embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)

@@ -604,7 +604,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed)
-    if extrapolate and device == "meta" and num_layers > 5 and (cfg.native or _identical_layers(cfg, overrides, attention)):
+    if extrapolate and device == "meta" and num_layers > 5 and ((cfg.native and cfg.moe is None) or _identical_layers(cfg, overrides, attention)):
         runs = {}
         for n in (3, 4, 5):
             tracker, _ = _trace_once(cfg, model_hook=model_hook, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
