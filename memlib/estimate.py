@@ -111,7 +111,8 @@ class InferenceEstimate:
 
     Attributes:
         weights_bytes: weights in the chosen format, quantization constants included.
-        kv_cache_bytes: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes.
+        kv_cache_bytes: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes; for MLA (DeepSeek)
+            layers × (kv_lora_rank + qk_rope_head_dim) × tokens × bytes.
         total_bytes: weights + KV cache (activations of a forward pass and the CUDA context not included).
         settings: the inputs, echoed.
     """
@@ -573,7 +574,8 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     else:  # quantized matrices; embeddings and norms stay in 16 bits, as in bitsandbytes/GPTQ practice
         dense = pc.params - pc.embeddings - pc.lm_head - pc.norms
         w_bytes = int(per_param * dense) + 2 * (pc.embeddings + pc.lm_head + pc.norms)
-    kv = 2 * cfg.num_layers * cfg.kv_dim * s * b * KV_DTYPES[kv_dtype]
+    latent = families_moe.kv_elements_per_token(cfg)  # MLA caches a latent per token, not per-head K and V
+    kv = (2 * cfg.num_layers * cfg.kv_dim if latent is None else latent) * s * b * KV_DTYPES[kv_dtype]
     settings = {"model": cfg.name, "batch_size": b, "seq_len": s, "weights": weights, "kv_dtype": kv_dtype,
                 "params": pc.params}
     return InferenceEstimate(w_bytes, kv, w_bytes + kv, settings)

@@ -18,6 +18,7 @@ from .configs import ModelConfig, load_config
 from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import KV_DTYPES, estimate_inference
+from .families_moe import kv_elements_per_token
 from .gpus import GPUS
 from .search import largest_fitting
 
@@ -202,12 +203,15 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     """Bytes of KV cache per token of one sequence: 2 (K, V) × layers × KV heads × head_dim × bytes.
 
     Introduced in Chapter 11. MHA keeps one K/V head per query head; GQA (Ainslie et al. 2023) shares one
-    per group; MQA (Shazeer 2019) one for all — so GQA divides the MHA cache by num_heads / groups.
+    per group; MQA (Shazeer 2019) one for all — so GQA divides the MHA cache by num_heads / groups. MLA
+    (DeepSeek-V2/V3, DeepSeek-AI 2024 §2.1) caches a compressed latent instead: L·(kv_lora_rank +
+    qk_rope_head_dim) elements per token (:func:`memlib.families_moe.kv_elements_per_token`; what transformers'
+    DeepSeek cache and vLLM's MLA backends store). Mixtral and Qwen-MoE models cache GQA K/V as usual.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
         kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
-        layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured).
+        layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured; an MLA model's latent).
         num_kv_heads: KV groups for ``layout="gqa"`` (default: the config's).
 
     Returns:
@@ -215,6 +219,9 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     """
     cfg = load_config(model)
     check_choice("kv dtype", kv_dtype, KV_DTYPES)
+    latent = kv_elements_per_token(cfg)
+    if latent is not None and layout is None:  # MLA (DeepSeek-V2/V3): the compressed latent + shared rotary key
+        return latent * KV_DTYPES[kv_dtype]
     heads = kv_heads_for(cfg, layout, num_kv_heads)
     return 2 * cfg.num_layers * heads * cfg.head_dim * KV_DTYPES[kv_dtype]
 
@@ -233,7 +240,8 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
     them): b·V·(2 + 4) beside two T·h tensors — the peak is the larger of the two moments.
     Checked against a meta-device trace of the transformers models
     (:func:`memlib.measure_inference.measure_forward_peak`) for every shipped config: within 2 % for the gated
-    models (LLaMA, Mistral, Qwen2, Gemma), 2–5 % over for GPT-2.
+    models (LLaMA, Mistral, Qwen2, Gemma), 2–5 % over for GPT-2. A MoE layer's experts see every token k times
+    (balanced routing assumed): its MLP width is taken as k·f_expert + f_shared (not checked against a trace).
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -251,6 +259,9 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
     b = check_positive("batch_size", batch_size)
     tp = check_positive("tensor_parallel", tensor_parallel)
     h, f = cfg.hidden_size, cfg.intermediate_size
+    if cfg.moe is not None:  # the experts' rows: every token k times (balanced routing), plus the shared expert
+        routed = cfg.moe.top_k * cfg.moe.expert_intermediate_size + cfg.moe.shared_intermediate_size
+        f = max(routed, f if len(cfg.moe.moe_layers) < cfg.num_layers else 0)
     mlp = (-(-3 * f // tp) + 4 * h) if cfg.mlp == "gated" else (-(-5 * f // tp) + 2 * h)
     attn = -(-(3 * cfg.q_dim + 4 * cfg.kv_dim) // tp) + 4 * h
     layers = t * max(mlp, attn) * act_bytes
