@@ -120,15 +120,15 @@ def test_count_breakdown_adds_up_for_other_families() -> None:
 
 def test_native_families_keep_their_own_counter() -> None:
     assert load_config("llama-3.1-8b").native and load_config("qwen3-8b").native and load_config("olmo-2-7b").native
-    assert not load_config("mixtral-8x7b", any_family=True).native
+    assert load_config("mixtral-8x7b").native and load_config("deepseek-v3").native  # memlib.families_moe
     assert load_config("llama-3.1-8b").max_positions == 131_072  # llama3 rope scaling: 8 × 8,192 stated already
     assert load_config({**TINY["qwen3"], "head_dim": None}).head_dim == 128  # Qwen3Config's default
 
 
 def test_estimator_refuses_families_it_has_not_derived() -> None:
-    with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'mixtral'; expected one of: gpt2, llama, "
-                                                 r"mistral, qwen2, gemma, qwen3, olmo2 \(memlib trace"):
-        estimate_training("mixtral-8x7b")
+    with pytest.raises(memlib.MemlibError, match=r"unsupported model_type 'starcoder2'; expected one of: gpt2, llama, "
+                                                 r"mistral, qwen2, gemma, qwen3, olmo2, .*\(memlib trace"):
+        estimate_training({**BASE, "model_type": "starcoder2"})
 
 
 @pytest.mark.parametrize("precision", ["bf16", "bf16-mixed", "fp32"])
