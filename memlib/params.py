@@ -68,10 +68,12 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     """Count the parameters of the transformers causal-LM class built from a config.
 
     Introduced in Chapter 1. Equal to ``sum(p.numel() for p in model.parameters())`` of the transformers
-    model (tested for every shipped config). memlib's own families (gpt2, llama, mistral, qwen2, gemma) are
-    counted from the config alone, without torch. Any other causal LM transformers knows (qwen3, gemma2/3,
-    phi3, mixtral, deepseek, olmo2, gpt_neox, falcon, ...) is counted from its class built on the meta device
-    (no memory, no download): that needs torch and transformers.
+    model (tested for every shipped config). memlib's own families (gpt2, llama, mistral, qwen2, gemma, qwen3,
+    olmo2) are counted from the config alone, without torch, and so are the MoE and latent-attention families
+    (mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3: :func:`memlib.families_moe.count_params_moe`;
+    total vs active parameters: :func:`memlib.families_moe.moe_params`). Any other causal LM transformers knows
+    (gemma2/3, phi3, gpt_neox, falcon, ...) is counted from its class built on the meta device (no memory, no
+    download): that needs torch and transformers.
 
     Args:
         model: shipped name, path to a config.json, config dict or ModelConfig.
