@@ -145,8 +145,9 @@ def moe_params(model: str | Path | dict[str, Any] | ModelConfig) -> MoEParams:
 
     Introduced in Chapter 1 (model families). Active = total − (E − k) routed experts in every MoE layer: a
     token passes through k of the E routed experts, the shared experts, attention, norms, its embedding row
-    and the LM head (conventionally counted whole, as the Mixtral and DeepSeek papers do). A dense model has
-    active == total.
+    and the LM head (conventionally counted whole, as the Mixtral paper, Jiang et al. 2024, and the DeepSeek-V3
+    report, DeepSeek-AI 2024, do: 47B/13B and 671B/37B; ``jiang2024mixtral``, ``deepseekai2024v3`` in
+    references.bib). A dense model has active == total.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -182,7 +183,7 @@ def largest_tensor(cfg: ModelConfig) -> int:
 def kv_elements_per_token(cfg: ModelConfig) -> int | None:
     """Elements one token adds to an MLA model's KV cache (all layers), or None for a K/V-head model.
 
-    DeepSeek-V2 (DeepSeek-AI 2024, §2.1.2 and Table 1) caches the compressed latent c_KV (``kv_lora_rank``
+    DeepSeek-V2 (DeepSeek-AI 2024, arXiv:2405.04434, §2.1; ``deepseekai2024v2`` in references.bib) caches the compressed latent c_KV (``kv_lora_rank``
     values) and the shared rotary key (``qk_rope_head_dim``) per layer: L·(d_c + d_R) elements per token instead
     of 2·L·a·d_h. transformers (``DeepseekV3Attention.forward`` / ``DeepseekV2Attention.forward``: "Cache read /
     write is performed while latent KV is still compressed") and vLLM's MLA backends store exactly that latent;
