@@ -185,9 +185,9 @@ def kv_elements_per_token(cfg: ModelConfig) -> int | None:
 
     DeepSeek-V2 (DeepSeek-AI 2024, arXiv:2405.04434, §2.1; ``deepseekai2024v2`` in references.bib) caches the
     compressed latent c_KV (``kv_lora_rank`` values) and the shared rotary key (``qk_rope_head_dim``) per layer:
-    L·(d_c + d_R) elements per token instead of 2·L·a·d_h. transformers (``DeepseekV3Attention.forward`` / ``DeepseekV2Attention.forward``: "Cache read /
-    write is performed while latent KV is still compressed") and vLLM's MLA backends store exactly that latent;
-    memlib reports it. (Older transformers releases cached the decompressed per-head k and v.)
+    L·(d_c + d_R) elements per token instead of 2·L·a·d_h. transformers (``DeepseekV3Attention.forward`` and
+    ``DeepseekV2Attention.forward``: "Cache read / write is performed while latent KV is still compressed") and
+    vLLM's MLA backends store exactly that latent; memlib reports it. (Older transformers releases cached the decompressed per-head k and v.)
     """
     mla = cfg.mla
     if mla is None:
