@@ -110,6 +110,18 @@ def test_estimate_equals_meta_trace(family: str, attention: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_estimate_equals_meta_trace_other_precisions(family: str, precision: str) -> None:
+    pytest.importorskip("transformers")
+    from memlib.trace import trace_training
+
+    # fp32: 4-byte activations (the routing weights and DeepSeek's fp32 router copies change with it)
+    kw = dict(batch_size=2, seq_len=128, precision=precision, optimizer="adamw", attention="sdpa")
+    est, traced = estimate_training(TINY[family], **kw), trace_training(TINY[family], **kw)
+    assert abs(est.total_bytes - traced.peak_bytes) <= 0.01 * traced.peak_bytes
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_estimate_within_10_percent_of_real_routing_on_cpu(family: str) -> None:
     pytest.importorskip("transformers")
     from memlib.trace import trace_training
