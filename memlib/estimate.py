@@ -511,6 +511,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         # (with k-layer segments, the bottom segment's other k - 1 layers have no gradients yet)
         grad_total - (k_seg - 1) * grad_per_layer + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
     ]
+    if (cfg.moe is not None or cfg.mla is not None) and recompute == "none" and full:
+        candidates.append(families_moe.bottom_backward_bytes(cfg, terms, grad_total, g_per_param, b=b, s=s,
+                                                             attention=attention))
     backward_extra = max(candidates)
     backward_peak = p_bytes + o_bytes + backward_extra
 

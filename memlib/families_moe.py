@@ -355,6 +355,30 @@ def _moe_block_terms(cfg: ModelConfig, T: int, e: int) -> list[ActivationTerm]:
     return terms
 
 
+def bottom_backward_bytes(cfg: ModelConfig, terms: list[ActivationTerm], grad_total: int, grad_per_param: float, *,
+                          b: int, s: int, attention: str) -> int:
+    """Bytes above the states late in the backward pass of a MoE model (no recomputation): a peak candidate.
+
+    A MoE layer's gradients (all experts) outweigh its activations, so the peak comes at the bottom of the
+    backward sweep: the gradients of every MoE layer and the LM head exist, the dense first layers (DeepSeek)
+    still hold their activations and have no gradients yet, and the lowest layer's attention backward runs:
+    its saved core (q, k, v, probabilities or log-sum-exp) plus, in eager attention, two fp32 b·a·s²
+    temporaries (the probabilities' gradient and the softmax backward). Found in the meta traces of DeepSeek-V3
+    (the full model and 6-layer variants); the input embedding's gradient comes after.
+    """
+    moe = cfg.moe
+    per_layer = sum(t.bytes for t in terms if t.per_layer)
+    n_dense = cfg.num_layers - len(moe.moe_layers) if moe is not None else 0
+    dense_fix = sum(t.bytes for t in terms if not t.per_layer and t.name.startswith("dense-MLP layers"))
+    dense_act = per_layer + dense_fix // n_dense if n_dense else 0
+    dense_params = sum(_attention_tensors(cfg)) + sum(_norm_tensors(cfg)) + sum(_mlp_tensors(cfg, False))
+    core = sum(t.bytes for t in terms if t.per_layer and t.name.startswith(("q", "softmax", "log-sum-exp", "v ")))
+    temps = 2 * 4 * b * cfg.num_heads * s * s if attention == "eager" else 0
+    embed_grad = 0 if cfg.tie_word_embeddings else int(grad_per_param * cfg.vocab_size * cfg.hidden_size)
+    return (grad_total - embed_grad - int(grad_per_param * n_dense * dense_params) + n_dense * dense_act + core
+            + temps)
+
+
 def check_lora(cfg: ModelConfig, method: str) -> None:
     """Refuse LoRA/QLoRA estimates for the MoE/MLA families (their adapters are not derived)."""
     if method != "full":

@@ -121,6 +121,20 @@ def test_estimate_equals_meta_trace_other_precisions(family: str, precision: str
     assert abs(est.total_bytes - traced.peak_bytes) <= 0.01 * traced.peak_bytes
 
 
+@pytest.mark.parametrize("first_dense", [0, 3])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_moe_peak_late_in_the_backward(first_dense: int, attention: str) -> None:
+    pytest.importorskip("transformers")
+    from memlib.trace import trace_training
+
+    # A shallow DeepSeek-V3 (6 layers, full width): each MoE layer's gradients (all 256 experts) outweigh its
+    # activations, so the peak sits at the bottom of the backward sweep (memlib.families_moe.bottom_backward_bytes)
+    cfg = {**load_config("deepseek-v3").raw, "num_hidden_layers": 6, "first_k_dense_replace": first_dense}
+    kw = dict(batch_size=4, seq_len=2048, precision="bf16", optimizer="sgd", attention=attention)
+    est, traced = estimate_training(cfg, **kw), trace_training(cfg, **kw)
+    assert abs(est.total_bytes - traced.peak_bytes) <= 0.03 * traced.peak_bytes
+
+
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_estimate_within_10_percent_of_real_routing_on_cpu(family: str) -> None:
     pytest.importorskip("transformers")
