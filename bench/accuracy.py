@@ -4,11 +4,13 @@ Prints a table (bf16, adamw, batch 1 and 4, seq 512 and 2048 — or the model's 
 shorter, e.g. GPT-2's 1024 — eager and sdpa, no recomputation) and the median and max absolute error. Targets: median ≤ 3 %, max ≤ 8 %. Run: python bench/accuracy.py
 
 ``--families``: every model family memlib traces (its own and those transformers builds: qwen3, gemma2/3, phi3,
-mixtral, qwen2_moe, deepseek, olmo2, gpt_neox, falcon), tiny configs traced on meta and on real CPU tensors,
-estimated where memlib derives the family; ``--current`` adds the shipped current models traced on meta. The dense
-families of memlib/families_dense.py (gemma2, gemma3_text, phi3, gpt_neox, falcon) run at batch 1 and 4 with every
-attention transformers has for them (Gemma 2: eager only), their shipped models too (target: median ≤ 1 %, max
-≤ 3 %). ``--only gemma2,phi3`` restricts both tables to those model types.
+mixtral, qwen2_moe, qwen3_moe, deepseek_v2/v3, olmo2, gpt_neox, falcon), tiny configs traced on meta and on real
+CPU tensors, estimated where memlib derives the family; ``--current`` adds the shipped current models traced on
+meta. The dense families of memlib/families_dense.py (gemma2, gemma3_text, phi3, gpt_neox, falcon) run at batch
+1 and 4 with every attention transformers has for them (Gemma 2: eager only), their shipped models too (target:
+median ≤ 1 %, max ≤ 3 %). The MoE and MLA families (mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)
+are also estimated at batch 1 and 4 against real routing on CPU tensors (the estimate assumes balanced routing;
+target ≤ 10 %). ``--only gemma2,phi3`` restricts both tables to those model types.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from memlib.configs import load_config, shipped_models
 from memlib.dtypes import GB
 from memlib.errors import MemlibError
 from memlib.estimate import estimate_training
+from memlib.families_moe import moe_params
 from memlib.params import count_params
 from memlib.trace import trace_training
 
@@ -44,6 +47,12 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
                     "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
                     "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8,
                     "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 2, "topk_group": 1},
+    "qwen3_moe": {**TINY_BASE, "model_type": "qwen3_moe", "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "norm_topk_prob": True},
+    "deepseek_v2": {**TINY_BASE, "model_type": "deepseek_v2", "num_key_value_heads": 4, "n_routed_experts": 4,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 2,
+                    "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
+                    "qk_nope_head_dim": 8, "v_head_dim": 12},
     "olmo2": {**TINY_BASE, "model_type": "olmo2", "pad_token_id": 0},
     "gpt_neox": {**TINY_BASE, "model_type": "gpt_neox", "num_key_value_heads": 4},
     "falcon": {**TINY_BASE, "model_type": "falcon", "num_key_value_heads": 4},
@@ -71,6 +80,34 @@ def _estimate_or_none(model: Any, **kw: Any) -> Any:
         return estimate_training(model, **kw)
     except MemlibError:
         return None
+
+
+#: The MoE and MLA families (memlib.families_moe): their estimate is also checked against real routing on CPU.
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
+
+def moe_routing() -> bool:
+    """MoE/MLA tiny configs, eager and sdpa, batch 1 and 4 (bf16, adamw, seq 128): the estimate (balanced
+    routing) against the meta trace (target ≤ 3 %) and against real routing on CPU tensors (target ≤ 10 %)."""
+    print("\n| family | attention | batch | trace meta (KB) | trace CPU, real routing (KB) | estimate (KB) | "
+          "est vs meta % | est vs CPU % |")
+    print("|---|---|---|---|---|---|---|---|")
+    worst_meta = worst_cpu = 0.0
+    for name in MOE_FAMILIES:
+        for attention in ("eager", "sdpa"):
+            for batch in (1, 4):
+                kw = dict(batch_size=batch, seq_len=128, precision="bf16", optimizer="adamw", attention=attention)
+                meta = trace_training(TINY_FAMILIES[name], **kw)
+                cpu = trace_training(TINY_FAMILIES[name], device="cpu", **kw)
+                est = estimate_training(TINY_FAMILIES[name], **kw)
+                e_meta = 100 * (est.total_bytes - meta.peak_bytes) / meta.peak_bytes
+                e_cpu = 100 * (est.total_bytes - cpu.peak_bytes) / cpu.peak_bytes
+                worst_meta, worst_cpu = max(worst_meta, abs(e_meta)), max(worst_cpu, abs(e_cpu))
+                print(f"| {name} | {attention} | {batch} | {meta.peak_bytes / 1e3:.1f} | {cpu.peak_bytes / 1e3:.1f} | "
+                      f"{est.total_bytes / 1e3:.1f} | {e_meta:+.2f} | {e_cpu:+.2f} |", flush=True)
+    print(f"\nMoE/MLA: max |est − meta| {worst_meta:.2f} % (target ≤ 3 %), max |est − CPU| {worst_cpu:.2f} % "
+          f"(target ≤ 10 %)")
+    return worst_meta <= 3 and worst_cpu <= 10
 
 
 def families(current: bool, only: tuple[str, ...] = ()) -> int:
@@ -108,6 +145,8 @@ def families(current: bool, only: tuple[str, ...] = ()) -> int:
           f"{max(est_errors):.2f} % (target ≤ 3 %)")
     ok = worst_cpu <= 2 and max(est_errors) <= 3
     dense_errors: list[float] = []
+    if not only or set(only) & set(MOE_FAMILIES):
+        ok = moe_routing() and ok
     if current:
         print("\n| model | params | setting (meta, s=2048, bf16, adamw) | trace GB | method | estimate GB | error % |")
         print("|---|---|---|---|---|---|---|")
@@ -133,7 +172,8 @@ def families(current: bool, only: tuple[str, ...] = ()) -> int:
                     if cfg.model_type in DENSE:
                         dense_errors.append(abs(err))
                     cols = f"{est.total_bytes / GB:.2f} | {err:+.2f}"
-                print(f"| {model} | {count_params(model).params / 1e9:.2f}B | {attention}, b={batch} | "
+                active = f" ({moe_params(model).active / 1e9:.2f}B active)" if cfg.moe is not None else ""
+                print(f"| {model} | {count_params(model).params / 1e9:.2f}B{active} | {attention}, b={batch} | "
                       f"{measured.peak_bytes / GB:.2f} | {measured.method} | {cols} |", flush=True)
         if dense_errors:
             median = statistics.median(dense_errors)

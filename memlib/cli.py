@@ -172,6 +172,12 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
         pc = count_params(args.model)
         data = pc.as_dict()
+        from .configs import load_config
+
+        if load_config(args.model, any_family=True).moe is not None:  # MoE: what one token passes through
+            from .families_moe import moe_params
+
+            data["active_params"] = moe_params(args.model).active
         return data, _table(list(data.items()), f"parameters of {args.model}")
     if args.command == "train":
         from .estimate import estimate_training

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import MemlibError
 
-__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len",
+__all__ = ["ModelConfig", "MoESpec", "MLASpec", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len",
            "transformers_config"]
 
 #: model_type values memlib understands, and the transformers class each one builds.
@@ -21,18 +21,87 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "gemma": "GemmaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
-    # the dense families of issue 20, read by _dense_family_config (their terms: memlib/families_dense.py)
+    # issue 20: dense families read by _dense_family_config (memlib/families_dense.py), then the MoE/MLA ones
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "falcon": "FalconForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 #: The families whose config :func:`_dense_family_config` reads (their own field names and defaults).
 DENSE_FAMILIES = ("gemma2", "gemma3_text", "phi3", "gpt_neox", "falcon")
 
+#: The mixture-of-experts families (:mod:`memlib.families_moe` derives their parameters and activations).
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
 _GATED_ACTS = {"silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new"}
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The mixture-of-experts facts of a config (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3).
+
+    Attributes:
+        num_experts: routed experts E per MoE layer (``num_local_experts``, ``num_experts``, ``n_routed_experts``).
+        top_k: experts each token is routed to (``num_experts_per_tok``).
+        expert_intermediate_size: inner width of one routed expert (Mixtral: ``intermediate_size``; the others:
+            ``moe_intermediate_size``).
+        shared_intermediate_size: inner width of the always-on shared expert MLP (Qwen2-MoE:
+            ``shared_expert_intermediate_size``; DeepSeek: ``n_shared_experts × moe_intermediate_size``); 0 if none.
+        shared_gate: the shared expert's output is scaled by a sigmoid gate (Qwen2-MoE's ``shared_expert_gate``).
+        moe_layers: indices of the layers with a MoE block; the others have a dense MLP of ``intermediate_size``
+            (DeepSeek's ``first_k_dense_replace``; Qwen's ``decoder_sparse_step`` and ``mlp_only_layers``).
+        router: ``"softmax"`` (softmax over the experts, then top-k: Mixtral, Qwen, DeepSeek-V2) or ``"sigmoid"``
+            (DeepSeek-V3: sigmoid scores, group-limited top-k).
+        norm_topk_prob: the top-k weights are renormalized to sum to one (always for Mixtral).
+        router_fp32: the router runs in fp32 (DeepSeek: fp32 copies of its input and weight).
+        topk_method: DeepSeek-V2's ``greedy`` or ``group_limited_greedy``; ``noaux_tc`` for DeepSeek-V3.
+        n_group: expert groups for group-limited routing (DeepSeek), 1 otherwise.
+        topk_group: groups each token may choose from.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int
+    shared_gate: bool
+    moe_layers: tuple[int, ...]
+    router: str
+    norm_topk_prob: bool
+    router_fp32: bool
+    topk_method: str
+    n_group: int
+    topk_group: int
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2 §2.1): keys and values come from a compressed latent.
+
+    Attributes:
+        q_lora_rank: rank of the query's low-rank projection (None: a full ``q_proj``, DeepSeek-V2-Lite).
+        kv_lora_rank: width d_c of the compressed key/value latent (what an MLA KV cache keeps per token).
+        qk_nope_head_dim: per-head query/key width without rotary.
+        qk_rope_head_dim: width of the rotary part (one key part shared by all heads, cached with the latent).
+        v_head_dim: per-head value width.
+    """
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key head width: qk_nope_head_dim + qk_rope_head_dim."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -85,6 +154,8 @@ class ModelConfig:
         qk_norm: RMSNorm of each query and key head before rotary (Gemma 3).
         num_norms_in: LayerNorms that read the layer input (Falcon's ``new_decoder_architecture``: 2).
         alibi: Falcon's ALiBi position bias instead of rotary.
+        moe: the mixture-of-experts facts (:class:`MoESpec`) of a MoE family; None for a dense model.
+        mla: the latent-attention facts (:class:`MLASpec`) of DeepSeek-V2/V3; None otherwise.
     """
 
     name: str
@@ -121,6 +192,8 @@ class ModelConfig:
     qk_norm: bool = False
     num_norms_in: int = 1
     alibi: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
 
     @property
     def q_dim(self) -> int:
@@ -452,6 +525,79 @@ def _dense_family_config(d: dict[str, Any], name: str) -> ModelConfig:
     )
 
 
+def _int_field(d: dict[str, Any], key: str, default: int | None, *, minimum: int = 1) -> int:
+    """A config integer field (transformers' default where absent), checked to be ≥ ``minimum``."""
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise MemlibError(f"config field {key!r} must be {what}, got {value!r} (model_type {d.get('model_type')!r})")
+    return value
+
+
+def _moe_spec(d: dict[str, Any], model_type: str, layers: int) -> MoESpec:
+    """The MoE fields of a Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V2/V3 config, with the transformers
+    config classes' defaults (``configuration_<family>.py``) for absent fields."""
+    experts_key, experts_default = {"mixtral": ("num_local_experts", 8), "qwen2_moe": ("num_experts", 60),
+                                    "qwen3_moe": ("num_experts", 128), "deepseek_v2": ("n_routed_experts", 64),
+                                    "deepseek_v3": ("n_routed_experts", 256)}[model_type]
+    num_experts = _int_field(d, experts_key, experts_default)
+    top_k = _int_field(d, "num_experts_per_tok", {"mixtral": 2, "qwen2_moe": 4, "qwen3_moe": 8,
+                                                  "deepseek_v2": None, "deepseek_v3": 8}[model_type])
+    if top_k > num_experts:
+        raise MemlibError(f"num_experts_per_tok {top_k} exceeds the {num_experts} experts ({experts_key}); "
+                          f"expected 1 to {num_experts}")
+    if model_type == "mixtral":
+        inner = _int_field(d, "intermediate_size", 14336)
+    else:
+        inner = _int_field(d, "moe_intermediate_size", {"qwen2_moe": 1408, "qwen3_moe": 768, "deepseek_v2": 1407,
+                                                        "deepseek_v3": 2048}[model_type])
+    shared, gate = 0, False
+    if model_type == "qwen2_moe":
+        shared, gate = _int_field(d, "shared_expert_intermediate_size", 5632, minimum=0), True
+    elif model_type.startswith("deepseek"):
+        shared = inner * _int_field(d, "n_shared_experts", 2 if model_type == "deepseek_v2" else 1, minimum=0)
+    if model_type.startswith("qwen"):
+        step = _int_field(d, "decoder_sparse_step", 1)
+        dense = d.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+            raise MemlibError(f"config field 'mlp_only_layers' must be a list of layer indices, got {dense!r}")
+        moe_layers = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    elif model_type.startswith("deepseek"):
+        first = _int_field(d, "first_k_dense_replace", 0 if model_type == "deepseek_v2" else 3, minimum=0)
+        moe_layers = tuple(range(first, layers))
+    else:
+        moe_layers = tuple(range(layers))
+    v3 = model_type == "deepseek_v3"
+    method = d.get("topk_method") or ("noaux_tc" if v3 else "greedy")
+    n_group = d.get("n_group") if model_type.startswith("deepseek") else None
+    topk_group = d.get("topk_group") if model_type.startswith("deepseek") else None
+    if v3 or method == "group_limited_greedy":
+        n_group = _int_field(d, "n_group", 8 if v3 else None)
+        topk_group = _int_field(d, "topk_group", 4 if v3 else None)
+        if num_experts % n_group or topk_group > n_group:
+            raise MemlibError(f"n_group {n_group} must divide the {num_experts} routed experts and topk_group "
+                              f"{topk_group} must be at most n_group")
+    if model_type == "deepseek_v2" and method not in ("greedy", "group_limited_greedy"):
+        raise MemlibError(f"unsupported topk_method {method!r}; expected one of: greedy, group_limited_greedy")
+    norm = {"mixtral": True, "deepseek_v2": False}.get(model_type, bool(d.get("norm_topk_prob", v3)))
+    return MoESpec(num_experts=num_experts, top_k=top_k, expert_intermediate_size=inner,
+                   shared_intermediate_size=shared, shared_gate=gate, moe_layers=moe_layers,
+                   router="sigmoid" if v3 else "softmax", norm_topk_prob=norm,
+                   router_fp32=model_type.startswith("deepseek"), topk_method=str(method),
+                   n_group=int(n_group or 1), topk_group=int(topk_group or 1))
+
+
+def _mla_spec(d: dict[str, Any]) -> MLASpec:
+    """The latent-attention fields of a DeepSeek-V2/V3 config (``q_lora_rank: null`` means a full q_proj)."""
+    q_rank = d["q_lora_rank"] if "q_lora_rank" in d else 1536
+    if q_rank is not None:
+        q_rank = _int_field({"q_lora_rank": q_rank, "model_type": d.get("model_type")}, "q_lora_rank", None)
+    return MLASpec(q_lora_rank=q_rank, kv_lora_rank=_int_field(d, "kv_lora_rank", 512),
+                   qk_nope_head_dim=_int_field(d, "qk_nope_head_dim", 128),
+                   qk_rope_head_dim=_int_field(d, "qk_rope_head_dim", 64),
+                   v_head_dim=_int_field(d, "v_head_dim", 128))
+
+
 def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelConfig:
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -465,12 +611,15 @@ def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelC
     heads = _positive(d, ("num_attention_heads", "n_head"))
     kv_heads = _positive(d, ("num_key_value_heads",), heads)
     explicit_head_dim = d.get("head_dim")
-    if explicit_head_dim is None and hidden % heads != 0 and model_type != "qwen3":
+    if explicit_head_dim is None and hidden % heads != 0 and model_type not in ("qwen3", "deepseek_v2", "deepseek_v3"):
         raise MemlibError(
             f"num_attention_heads {heads} does not divide hidden_size {hidden}; "
             f"choose heads among the divisors of {hidden} or give head_dim"
         )
     head_dim = _positive(d, ("head_dim",), 128 if model_type == "qwen3" else hidden // heads)  # Qwen3Config: 128
+    mla = _mla_spec(d) if model_type in ("deepseek_v2", "deepseek_v3") else None
+    if mla is not None:
+        head_dim = mla.qk_head_dim  # the query/key head width; values are v_head_dim wide
     if heads % kv_heads != 0:
         raise MemlibError(f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
     vocab = _positive(d, ("vocab_size",))
@@ -492,18 +641,24 @@ def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelC
     if act not in _GATED_ACTS:
         raise MemlibError(f"unsupported hidden_act {act!r}; expected one of: {', '.join(sorted(_GATED_ACTS))}")
     default_tie = model_type == "gemma"
+    moe = _moe_spec(d, model_type, layers) if model_type in MOE_MODEL_TYPES else None
+    inner_default = {"mixtral": 14336, "qwen2_moe": 5632, "qwen3_moe": 6144, "deepseek_v2": 11008,
+                     "deepseek_v3": 18432}.get(model_type)
+    max_pos_default = {"qwen3": 32768, "qwen3_moe": 32768, "qwen2_moe": 32768, "mixtral": 131072,
+                       "deepseek_v3": 4096}.get(model_type, 2048)
     return ModelConfig(
         name=name, model_type=model_type, hidden_size=hidden, num_layers=layers, num_heads=heads,
-        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=_positive(d, ("intermediate_size",)),
+        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=_positive(d, ("intermediate_size",), inner_default),
         vocab_size=vocab,
-        max_position_embeddings=(n_pos := _positive(d, ("max_position_embeddings",),
-                                                    32768 if model_type == "qwen3" else 2048)),
+        max_position_embeddings=(n_pos := _positive(d, ("max_position_embeddings",), max_pos_default)),
         max_positions=_scaled_positions(d, n_pos),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", default_tie)), mlp="gated", norm="rmsnorm",
-        qkv_bias=model_type == "qwen2" or bool(d.get("attention_bias", False)),
-        out_bias=model_type != "qwen2" and bool(d.get("attention_bias", False)),
+        qkv_bias=(model_type == "qwen2" or (model_type == "qwen2_moe" and bool(d.get("qkv_bias", True)))
+                  or (model_type != "qwen2_moe" and bool(d.get("attention_bias", False)))),
+        out_bias=model_type not in ("qwen2", "qwen2_moe") and bool(d.get("attention_bias", False)),
         mlp_bias=bool(d.get("mlp_bias", False)), learned_positions=False, embed_scale=model_type == "gemma",
         attn_dropout=float(d.get("attention_dropout", 0.0)), resid_dropout=0.0, embd_dropout=0.0, raw=dict(d),
+        moe=moe, mla=mla,
     )
 
 

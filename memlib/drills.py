@@ -294,7 +294,60 @@ def answer_numbers() -> dict[str, Number]:
     put("sqrt_k", str(k), f"round(√{L})")
     put("sqrt_units", f"{math.ceil(L / k) + k}", f"⌈{L}/{k}⌉ checkpoints + {k} live layers")
     _serving_numbers(put)
+    _moe_numbers(put)
     return n
+
+
+def _moe_numbers(put: Callable[[str, str, str], None]) -> None:
+    """The MoE and MLA questions' numbers (issue 20: :mod:`memlib.families_moe`)."""
+    from .families_moe import moe_params
+    from .inference import kv_bytes_per_token
+
+    mx, v3 = moe_params("mixtral-8x7b"), moe_params("deepseek-v3")
+    put("mx_total", f"{mx.total / 1e9:.1f} B", "moe_params('mixtral-8x7b').total")
+    put("mx_active", f"{mx.active / 1e9:.1f} B", "moe_params('mixtral-8x7b').active: 2 of 8 experts per layer")
+    states = estimate_training(params=mx.total).model_states_bytes
+    put("mx_states", _gb(states, 0), "estimate_training(params=moe_params('mixtral-8x7b').total): 16 bytes/param")
+    put("mx_states_active", _gb(estimate_training(params=mx.active).model_states_bytes, 0),
+        "estimate_training(params=moe_params('mixtral-8x7b').active)")
+    put("v3_total", f"{v3.total / 1e9:.0f} B", "moe_params('deepseek-v3').total (without the MTP module)")
+    put("v3_active", f"{v3.active / 1e9:.1f} B", "moe_params('deepseek-v3').active: 8 of 256 routed experts")
+    put("v3_idle", f"{(v3.total - v3.active) / 1e9:.0f} B", "58 MoE layers × (256 − 8) experts × 3 × 7168 × 2048")
+    put("v3_w", _gb(estimate_inference("deepseek-v3", weights="fp16", seq_len=1).weights_bytes, 0),
+        "estimate_inference('deepseek-v3', weights='fp16').weights_bytes")
+    # activations of one Mixtral MoE block vs Mistral-7B's dense MLP (same width 14336), b = 1, s = 2048
+    from .estimate import activation_terms
+
+    moe_names = ("router", "top-k", "experts")
+    mx_terms = activation_terms("mixtral-8x7b", seq_len=2048)
+    moe_block = sum(t.bytes for t in mx_terms if t.name.startswith(moe_names))
+    dense = next(t.bytes for t in activation_terms("mistral-7b", seq_len=2048) if t.name.startswith("MLP gate"))
+    put("mx_moe_act", _gib(moe_block, 2), "sum of activation_terms('mixtral-8x7b', seq_len=2048)'s router, top-k "
+        "and experts terms (one layer)")
+    put("mx_dense_act", _gib(dense, 2), "activation_terms('mistral-7b', seq_len=2048): MLP gate, up, activation, "
+        "product (one layer)")
+    put("mx_rows", f"{2048 * 2:,}", "b·s·k = 1 × 2048 × 2 (token, expert) rows")
+    c3 = load_config("deepseek-v3")
+    assert c3.mla is not None
+    latent = kv_bytes_per_token(c3)
+    full = c3.num_layers * c3.num_heads * (c3.mla.qk_head_dim + c3.mla.v_head_dim) * 2
+    put("v3_kv_tok", f"{latent / 1024:.1f} KiB", "kv_bytes_per_token('deepseek-v3'): 61 × (512 + 64) × 2 bytes")
+    put("v3_kv_full", f"{full / MiB:.2f} MiB", "61 layers × 128 heads × (192 + 128) × 2 bytes: decompressed k and v")
+    put("v3_kv_ratio", f"{full / latent:.0f}×", "decompressed k, v ÷ latent per token")
+    put("v3_kv_128k", _gib(latent * 131072, 1), "kv_bytes_per_token('deepseek-v3') × 131,072 tokens")
+    f2 = serve("deepseek-v2-lite", gpu="h100-sxm", max_model_len=8192)
+    put("v2l_users", f"{f2.max_concurrent_seqs}", "serve('deepseek-v2-lite', gpu='h100-sxm', max_model_len=8192)"
+        ".max_concurrent_seqs")
+    put("v2l_kvtok", f"{f2.kv_bytes_per_token:,} bytes", "serve_kv_bytes_per_token('deepseek-v2-lite'): "
+        "27 × (512 + 64) × 2")
+    c2 = load_config("deepseek-v2-lite")
+    assert c2.mla is not None
+    full2 = c2.num_layers * c2.num_heads * (c2.mla.qk_head_dim + c2.mla.v_head_dim) * 2
+    put("v2l_kvtok_full", f"{full2:,} bytes", "27 layers × 16 heads × (192 + 128) × 2 bytes")
+    put("v2l_kv_ratio", f"{full2 / f2.kv_bytes_per_token:.1f}×", "decompressed k, v ÷ latent per token")
+    v2 = moe_params(c2)
+    put("v2l_total", f"{v2.total / 1e9:.1f} B", "moe_params('deepseek-v2-lite').total")
+    put("v2l_active", f"{v2.active / 1e9:.1f} B", "moe_params('deepseek-v2-lite').active: 6 of 64 routed experts")
 
 
 def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
@@ -951,6 +1004,46 @@ QUESTIONS: tuple[Question, ...] = (
        stage also holds the embedding and p micro-batches, the last the LM head and the loss. Llama 3 removed one
        layer from the first and the last stage to balance memory and time; memlib's planner states the
        imbalance when pp does not divide the layers."""),
+    # --- MoE and MLA (issue 20) ---
+    _q("b13-4", 13, "M", "MoE", "Mixtral 8x7B sends each token through 2 of its 8 experts. Does full fine-tuning "
+       "need the memory of its active parameters or of all of them?", """
+       Of all of them. Every expert is trained, so weights, gradients and AdamW states exist for all
+       {{mx_total}} parameters: {{mx_states}} of model states in bf16 mixed precision (16 bytes/param), against
+       {{mx_states_active}} for a dense model of its {{mx_active}} active parameters. Active parameters set the
+       compute per token; total parameters set the memory.""", text_zh=""),
+    _q("b13-5", 13, "E", "MoE", "What are the total and active parameters of DeepSeek-V3, and where does the "
+       "difference go?", """
+       {{v3_total}} in total, {{v3_active}} active per token. The {{v3_idle}} in between are the routed experts a
+       token is not sent to: each MoE layer holds 256 routed experts and picks 8 (the shared expert, attention,
+       the dense first layers, embeddings and LM head are always on). Serving still loads every expert:
+       {{v3_w}} of fp16 weights.""", text_zh=""),
+    _q("b13-6", 13, "M", "MoE", "How much activation memory does a MoE layer save for backward, compared with a "
+       "dense MLP of the same expert width?", """
+       Each token goes through k experts, so the experts keep b·s·k rows ({{mx_rows}} for Mixtral at b = 1,
+       s = 2048): gathered inputs, gate/up output, act(gate), their product, down output, plus the router's fp32
+       softmax and the int64 indices that sort and unsort the rows. memlib's terms give {{mx_moe_act}} per
+       Mixtral layer against {{mx_dense_act}} for Mistral-7B's dense MLP of the same width 14,336 — about k = 2
+       times, not E = 8 times.""", text_zh=""),
+    _q("b13-7", 13, "H", "MoE", "Does an unbalanced router change a MoE layer's activation memory in "
+       "transformers' implementation?", """
+       Not its size. transformers' grouped experts kernel sorts all b·s·k (token, expert) pairs by expert and
+       runs one grouped matrix product over them: every saved tensor has b·s·k rows however the router splits
+       them. memlib states balanced routing (b·s·k/E tokens per expert); a trace with the real router on CPU
+       tensors agrees within the bench's 10 % target. What imbalance does change is compute per expert and, with
+       expert parallelism, the token buffers on the busiest GPU (capacity factors).""", text_zh=""),
+    _q("b13-8", 13, "M", "MLA", "What does DeepSeek's multi-head latent attention (MLA) keep in the KV cache, and "
+       "how much smaller is it?", """
+       One compressed latent per token and layer: kv_lora_rank = 512 values plus the shared 64-wide rotary key,
+       {{v3_kv_tok}} per token for DeepSeek-V3 in 16 bits, against {{v3_kv_full}} if the decompressed per-head
+       k and v (128 heads × (192 + 128)) were cached — {{v3_kv_ratio}} less. A 128k-token context holds
+       {{v3_kv_128k}}. transformers' DeepSeek cache and vLLM's MLA backends store the latent and decompress (or
+       absorb kv_b_proj into the queries) at attention time.""", text_zh=""),
+    _q("b13-9", 13, "H", "MLA", "How many 8k-token requests can one H100 serve with DeepSeek-V2-Lite, and what "
+       "does MLA change?", """
+       memlib's serving budget gives {{v2l_users}} concurrent requests: the KV cache costs {{v2l_kvtok}} per
+       token (the latent), where per-head k and v would cost {{v2l_kvtok_full}}, {{v2l_kv_ratio}} more per token
+       and so about that many times fewer requests. The weights hold all 64 experts ({{v2l_total}} parameters,
+       though only {{v2l_active}} are active per token) and take most of the rest of the GPU.""", text_zh=""),
 )
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import families_dense
+from . import families_dense, families_moe
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
@@ -111,7 +111,8 @@ class InferenceEstimate:
 
     Attributes:
         weights_bytes: weights in the chosen format, quantization constants included.
-        kv_cache_bytes: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes.
+        kv_cache_bytes: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes; for MLA (DeepSeek)
+            layers × (kv_lora_rank + qk_rope_head_dim) × tokens × bytes.
         total_bytes: weights + KV cache (activations of a forward pass and the CUDA context not included).
         settings: the inputs, echoed.
     """
@@ -204,6 +205,8 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
     b = check_positive("batch_size", batch_size)
     s = check_seq_len(cfg, check_positive("seq_len", seq_len))
     e = 4 if precision == "fp32" else 2  # activation bytes
+    if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.families_moe
+        return families_moe.activation_terms_moe(cfg, b=b, s=s, e=e, attention=attention, dropout=dropout)
     T = b * s
     h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
     q, kv, d = cfg.q_dim, cfg.kv_dim, cfg.head_dim
@@ -414,6 +417,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             raise MemlibError("give either a model or params=N, not both")
         cfg = load_config(model)
         check_seq_len(cfg, s)
+        if cfg.moe is not None or cfg.mla is not None:
+            families_moe.check_lora(cfg, method)
         pc = count_params(cfg)
         n, small = pc.params, pc.small_tensor_params
         settings["model"] = cfg.name
@@ -526,6 +531,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         # (with k-layer segments, the bottom segment's other k - 1 layers have no gradients yet)
         grad_total - (k_seg - 1) * grad_per_layer + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
     ]
+    if (cfg.moe is not None or cfg.mla is not None) and recompute == "none" and full:
+        candidates.append(families_moe.bottom_backward_bytes(cfg, terms, grad_total, g_per_param, b=b, s=s,
+                                                             attention=attention))
     backward_extra = max(candidates)
     backward_peak = p_bytes + o_bytes + backward_extra
 
@@ -544,7 +552,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     elif precision.endswith("-mixed"):
         per_elem = 8 if optimizer == "adamw" else 4
         n_embed = V * h
-        n_max = max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0)
+        n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
+                 else max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
         g_elem = grad_total / n
         step_temp = int(max((per_elem - g_elem) * n_embed, (per_elem - g_elem) * n_max - g_elem * n_embed))
     elif optimizer == "adamw":
@@ -591,7 +600,7 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
         w_bytes = int(per_param * dense) + 2 * (pc.embeddings + pc.lm_head + pc.norms)
     from .inference import kv_cache_bytes  # inference builds on this module
 
-    kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding-window layers (Gemma 2/3) cache at most their window
+    kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding windows capped; MLA's latent
     settings = {"model": cfg.name, "batch_size": b, "seq_len": s, "weights": weights, "kv_dtype": kv_dtype,
                 "params": pc.params}
     return InferenceEstimate(w_bytes, kv, w_bytes + kv, settings)

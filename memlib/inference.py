@@ -18,6 +18,7 @@ from .configs import ModelConfig, check_seq_len, load_config
 from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import KV_DTYPES
+from .families_moe import kv_elements_per_token
 from .gpus import GPUS
 from .params import count_params
 from .search import largest_fitting
@@ -252,6 +253,9 @@ def kv_cache_bytes(model: ModelLike, seq_len: int, batch_size: int = 1, kv_dtype
     cfg = load_config(model)
     check_choice("kv dtype", kv_dtype, KV_DTYPES)
     b = check_positive("batch_size", batch_size)
+    latent = kv_elements_per_token(cfg)
+    if latent is not None and layout is None:  # MLA (DeepSeek-V2/V3): the latent of every layer, per token
+        return latent * KV_DTYPES[kv_dtype] * check_positive("seq_len", seq_len) * b
     heads = kv_heads_for(cfg, layout, num_kv_heads)
     return 2 * heads * cfg.head_dim * KV_DTYPES[kv_dtype] * sum(kv_cached_tokens(cfg, seq_len)) * b
 
@@ -261,12 +265,15 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     """Bytes of KV cache per token of one sequence: 2 (K, V) × layers × KV heads × head_dim × bytes.
 
     Introduced in Chapter 11. MHA keeps one K/V head per query head; GQA (Ainslie et al. 2023) shares one
-    per group; MQA (Shazeer 2019) one for all — so GQA divides the MHA cache by num_heads / groups.
+    per group; MQA (Shazeer 2019) one for all — so GQA divides the MHA cache by num_heads / groups. MLA
+    (DeepSeek-V2/V3, DeepSeek-AI 2024 §2.1) caches a compressed latent instead: L·(kv_lora_rank +
+    qk_rope_head_dim) elements per token (:func:`memlib.families_moe.kv_elements_per_token`; what transformers'
+    DeepSeek cache and vLLM's MLA backends store). Mixtral and Qwen-MoE models cache GQA K/V as usual.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
         kv_dtype: ``fp32``, ``fp16``, ``bf16`` or ``fp8``.
-        layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured).
+        layout: ``"mha"``, ``"gqa"``, ``"mqa"`` or None (as configured; an MLA model's latent).
         num_kv_heads: KV groups for ``layout="gqa"`` (default: the config's).
         seq_len: with a sequence length, the average per token of a sequence that long (rounded up): Gemma 2/3's
             sliding-window layers stop caching at their window, so past it a token costs less
@@ -277,6 +284,9 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     """
     cfg = load_config(model)
     check_choice("kv dtype", kv_dtype, KV_DTYPES)
+    latent = kv_elements_per_token(cfg)
+    if latent is not None and layout is None:  # MLA (DeepSeek-V2/V3): the compressed latent + shared rotary key
+        return latent * KV_DTYPES[kv_dtype]
     heads = kv_heads_for(cfg, layout, num_kv_heads)
     if seq_len is not None:
         s = check_positive("seq_len", seq_len)
@@ -298,7 +308,8 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
     them): b·V·(2 + 4) beside two T·h tensors — the peak is the larger of the two moments.
     Checked against a meta-device trace of the transformers models
     (:func:`memlib.measure_inference.measure_forward_peak`) for every shipped config: within 2 % for the gated
-    models (LLaMA, Mistral, Qwen2, Gemma), 2–5 % over for GPT-2.
+    models (LLaMA, Mistral, Qwen2, Gemma), 2–5 % over for GPT-2. A MoE layer's experts see every token k times
+    (balanced routing assumed): its MLP width is taken as k·f_expert + f_shared (not checked against a trace).
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -316,6 +327,9 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
     b = check_positive("batch_size", batch_size)
     tp = check_positive("tensor_parallel", tensor_parallel)
     h, f = cfg.hidden_size, cfg.intermediate_size
+    if cfg.moe is not None:  # the experts' rows: every token k times (balanced routing), plus the shared expert
+        routed = cfg.moe.top_k * cfg.moe.expert_intermediate_size + cfg.moe.shared_intermediate_size
+        f = max(routed, f if len(cfg.moe.moe_layers) < cfg.num_layers else 0)
     mlp = (-(-3 * f // tp) + 4 * h) if cfg.mlp == "gated" else (-(-5 * f // tp) + 2 * h)
     attn = -(-(3 * cfg.q_dim + 4 * cfg.kv_dim) // tp) + 4 * h
     layers = t * max(mlp, attn) * act_bytes

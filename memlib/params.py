@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import families_dense
+from . import families_dense, families_moe
 from .configs import DENSE_FAMILIES, ModelConfig, load_config
 
 __all__ = ["ParamCount", "count_params"]
@@ -70,7 +70,9 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     Introduced in Chapter 1. Equal to ``sum(p.numel() for p in model.parameters())`` of the transformers
     model (tested for every shipped config). memlib's own families (gpt2, llama, mistral, qwen2, gemma, qwen3,
     olmo2, and gemma2, gemma3_text, phi3, gpt_neox, falcon through :mod:`memlib.families_dense`) are counted
-    from the config alone, without torch. Any other causal LM transformers knows (mixtral, deepseek, ...) is
+    from the config alone, without torch, and so are the MoE and latent-attention families (mixtral,
+    qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3: :func:`memlib.families_moe.count_params_moe`; total vs
+    active parameters: :func:`memlib.families_moe.moe_params`). Any other causal LM transformers knows is
     counted from its class built on the meta device (no memory, no download): that needs torch and
     transformers.
 
@@ -85,6 +87,8 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
         return _count_built(cfg)
     if cfg.model_type in DENSE_FAMILIES:
         return _from_tensors(*families_dense.param_tensors(cfg), cfg.num_layers)
+    if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.families_moe
+        return families_moe.count_params_moe(cfg)
     h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
     layer = _layer_tensors(cfg)
     embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)

@@ -29,6 +29,7 @@ from .configs import ModelConfig, load_config
 from .dtypes import GiB, MiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_inference
+from .families_moe import kv_elements_per_token
 from .gpus import get_gpu
 from .inference import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
                         kv_heads_for)
@@ -168,7 +169,8 @@ def serve_kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", tensor_pa
     Introduced in Chapter 14; the same count as :func:`memlib.inference.kv_bytes_per_token` for 16- and 8-bit
     floats, plus int8/int4 with one fp16 scale and one fp16 zero-point per head vector (4 bytes per head per
     K or V). vLLM's page size (``AttentionSpec.page_size_bytes`` in ``vllm/v1/kv_cache_interface.py``) is
-    this × block_size / layers.
+    this × block_size / layers. An MLA model (DeepSeek-V2/V3) caches one latent of kv_lora_rank +
+    qk_rope_head_dim values per layer (vLLM's ``MLAAttentionSpec``), the same on every tensor-parallel GPU.
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
@@ -185,7 +187,11 @@ def serve_kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", tensor_pa
     check_choice("kv dtype", kv_dtype, SERVE_KV_DTYPES)
     heads = _kv_heads_per_gpu(cfg, check_positive("tensor_parallel", tensor_parallel), layout)
     bits = SERVE_KV_DTYPES[kv_dtype]
-    vectors = 2 * _stage_layers(cfg, pipeline_parallel) * heads  # K and V head vectors per token
+    stage = _stage_layers(cfg, pipeline_parallel)
+    latent = kv_elements_per_token(cfg)
+    if latent is not None:  # MLA: one latent vector per layer and token, replicated on every tensor-parallel GPU
+        return latent * stage // cfg.num_layers * bits // 8 + (4 * stage if kv_dtype in ("int8", "int4") else 0)
+    vectors = 2 * stage * heads  # K and V head vectors per token
     scales = 4 if kv_dtype in ("int8", "int4") else 0
     return vectors * (cfg.head_dim * bits // 8 + scales)
 

@@ -504,7 +504,11 @@ def _build(native: bool, model_cls: Any, hf_cfg: Any, attention: str, device: st
 _CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
             "gemma": ("GemmaConfig", "GemmaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+            "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+            "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+            "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM")}
 
 
 def _with_layers(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -604,12 +608,14 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed)
-    if extrapolate and device == "meta" and num_layers > 5 and (cfg.model_type in _CLASSES or _identical_layers(cfg, overrides, attention)):
+    lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
+    if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
+            and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
         runs = {}
-        for n in (3, 4, 5):
+        for n in (lead + 3, lead + 4, lead + 5):
             tracker, _ = _trace_once(cfg, model_hook=model_hook, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
             runs[n] = tracker.seg_peaks
-        fit = _extrapolate(runs, num_layers)
+        fit = _extrapolate(runs, num_layers, lead)
         if fit is not None:
             peak, totals, phase = fit
             settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
@@ -619,6 +625,23 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
     return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
+
+
+def _leading_layers(cfg: ModelConfig, overrides: dict[str, Any] | None) -> int | None:
+    """Layers before the run of identical layers of a MoE family memlib derives (from the config, no build).
+
+    DeepSeek's ``first_k_dense_replace`` dense layers come first, then identical MoE layers: that many. Every
+    layer a MoE layer (Mixtral, Qwen with ``decoder_sparse_step`` 1): 0. MoE every n-th layer, ``mlp_only_layers``
+    in between or Qwen's sliding-window layers: None (the full model is traced).
+    """
+    if overrides:
+        cfg = load_config({**cfg.raw, **overrides})
+    moe = cfg.moe
+    assert moe is not None
+    first = moe.moe_layers[0] if moe.moe_layers else cfg.num_layers
+    if moe.moe_layers != tuple(range(first, cfg.num_layers)) or cfg.raw.get("use_sliding_window"):
+        return None
+    return first
 
 
 def _identical_layers(cfg: ModelConfig, overrides: dict[str, Any] | None, attention: str) -> bool:
@@ -815,11 +838,13 @@ _LAYER_ORDER = {"F": 1, "B": -1, "Q": 1}  # direction of time along the layer in
 
 
 def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], str]]],
-                 num_layers: int) -> tuple[int, dict[MemCategory, int], str] | None:
+                 num_layers: int, lead: int = 0) -> tuple[int, dict[MemCategory, int], str] | None:
     """Peak of an ``num_layers``-layer step from segment maxima traced at 3, 4 and 5 layers, or None.
 
     A non-layer segment's maximum must be affine in the depth L; a layer segment's, affine in (k, L). Every
     traced point is checked exactly; any mismatch returns None (the caller then traces the full model).
+    With ``lead`` layers that differ from the rest (DeepSeek's dense first layers), the depths traced are
+    lead + 3, 4, 5 and each of the first lead + 1 layers is its own affine function of the depth.
     """
     cats = list(MemCategory)
 
@@ -854,17 +879,17 @@ def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], st
         # The first and the last layer may differ from the others (the embedding output stays referenced
         # through the forward; the last output feeds the final norm): each is its own affine function of the
         # depth. The layers in between are affine in (k, depth).
-        for edge in ("first", "last"):
-            ks = {d: 1 if edge == "first" else d for d in depths}
+        for edge in [*range(1, lead + 2), 0]:  # the first lead + 1 layers, then the last (0)
+            ks = {d: edge or d for d in depths}
             vs = [vec(pts[(ks[d], d)]) for d in depths]
             step = tuple(b - a for a, b in zip(vs[0], vs[1]))
             if any(tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v for d, v in zip(depths, vs)):
                 return None
-            k_at = 1 if edge == "first" else num_layers
+            k_at = edge or num_layers
             rank = k_at if forward_in_k else num_layers - k_at
             candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)), phase,
                                t0 * 10**6 + rank))
-        mid = {(k, d): vec(e) for (k, d), e in pts.items() if 1 < k < d}
+        mid = {(k, d): vec(e) for (k, d), e in pts.items() if lead + 1 < k < d}
         if not mid:
             continue
         (k0, d0) = min(mid, key=lambda kd: (kd[1], kd[0]))
@@ -879,8 +904,8 @@ def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], st
 
         if len(mid) < 4 or any(at(k, d) != v for (k, d), v in mid.items()):
             return None
-        if num_layers >= 3:
-            for k in (2, num_layers - 1):
+        if num_layers >= lead + 3:
+            for k in (lead + 2, num_layers - 1):
                 rank = k if forward_in_k else num_layers - k
                 candidates.append((at(k, num_layers), phase, t0 * 10**6 + rank))
     if not candidates:
