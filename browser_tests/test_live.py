@@ -1,7 +1,7 @@
 """The live calculators (memlib under Pyodide) work in the built book, offline: moving a control changes the result.
 
 Chapter 1 and the numeric drills (the issue's CI check), Chapter 2 (a number's bits), Chapter 7 (offload time),
-Chapter 11 (the serving fit) and Chapter 14 (a vLLM-style serving budget).
+Chapter 11 (the serving fit), Chapter 13 (the planner) and Chapter 14 (a vLLM-style serving budget).
 
 Each test opens a page in Debian's chromium with every request outside the local server aborted, acts on the
 page's ``.memlib-live`` calculator as a reader would, and checks the result the browser shows against memlib
@@ -20,8 +20,9 @@ from memlib import formats as fm
 from memlib.dtypes import GiB
 from memlib.estimate import estimate_training
 from memlib.inference import max_batch_size
-from memlib.live import offload_breakdown, training_verdict
+from memlib.live import offload_breakdown, plan_verdict, training_verdict
 from memlib.params import count_params
+from memlib.plan import plan
 from memlib.serve import serve
 from memlib.widgets_drills import next_card, reveal_card
 
@@ -98,8 +99,19 @@ def test_chapter_14_serving_budget_follows_the_controls(site: Path) -> None:
         assert f"{fit.max_concurrent_seqs} requests of 8,192 tokens" in text, (kw, text)
 
 
-@pytest.mark.parametrize("prefix", ["chapters/01_", "chapters/02_", "chapters/07_", "chapters/11_", "chapters/14_",
-                                    "drills/02_numeric"])
+def test_chapter_13_planner_follows_the_controls(site: Path) -> None:
+    run = run_live(site, _page(site, "chapters/13_"), [Step("select", "select[name=num_gpus]", "1")])
+    _report(run)
+    _clean(run)
+    before, after = run.results
+    assert before != after
+    for text, gpus in ((before, 8), (after, 1)):
+        result = plan("llama-2-7b", num_gpus=gpus, gpu_memory=80 * GiB, batch_size=4, seq_len=2048)
+        assert plan_verdict(result).split(";")[0] in text.replace("\n", " "), (gpus, text)
+
+
+@pytest.mark.parametrize("prefix", ["chapters/01_", "chapters/02_", "chapters/07_", "chapters/11_", "chapters/13_",
+                                    "chapters/14_", "drills/02_numeric"])
 def test_page_has_one_calculator_with_the_contract_classes(site: Path, prefix: str) -> None:
     text = (site / _page(site, prefix)).read_text(encoding="utf-8")
     assert text.count('class="memlib-live"') == 1 and text.count('class="memlib-live-result"') == 1

@@ -31,19 +31,20 @@ from .estimate import KV_DTYPES, OPTIMIZERS, PRECISIONS, TrainingEstimate, estim
 from .formats import FORMAT_NAMES, encode
 from .offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
 from .params import count_params
+from .plan import JOBS, Plan, plan
 from .serve import ServeFit, serve
 from .inference import max_batch_size, max_seq_len, reserve_bytes
 from .plots import CATEGORY_COLORS, peak_composition
 from .widgets_drills import CardState, check_card, next_card, reveal_card
 
-__all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "render", "serve_parts",
-           "training_verdict"]
+__all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "plan_verdict", "render",
+           "serve_parts", "training_verdict"]
 
 #: memlib's modules the live calculators import (shipped to the browser as one zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "categories", "configs", "drills", "dtypes", "errors", "estimate", "families_dense", "families_moe",
-    "flops", "formats", "gpus", "inference", "live", "lora", "offload", "parallel", "params", "plots", "search",
-    "serve", "widgets_drills",
+    "flops", "formats", "gpus", "inference", "live", "lora", "offload", "parallel", "params", "plan", "plots",
+    "search", "serve", "widgets_drills",
 )
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -444,11 +445,65 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
     return _root("serve", controls, result, live, _STATIC_NOTE)
 
 
+# ------------------------------------------------------------------------------------- planner (Ch. 13)
+PLAN_GPUS = (1, 2, 4, 8, 16, 32, 64)
+PLAN_GPU_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
+PLAN_BATCH = (1, 2, 4, 8, 16)
+PLAN_SEQ = (512, 1024, 2048, 4096, 8192)
+
+
+def plan_verdict(result: Plan) -> str:
+    """One line: what the plan turns on and the memory per GPU with the reserve, or why nothing fits. Chapter 13.
+
+    The widget (:func:`memlib.widgets_plan.plan_view`) and the live calculator print it.
+    """
+    if result.fits:
+        ch = result.chosen
+        assert ch is not None  # plan() sets chosen whenever fits is True
+        rungs = [s.technique for s in result.steps if s.needed or s.technique in ("bf16 mixed precision",
+                                                                                   "FlashAttention")]
+        verdict = (f"fits: {ch.total_bytes / GiB:.1f} GiB per GPU with the reserve, with "
+                   + " + ".join(rungs or ["nothing"]))
+    else:
+        verdict = (f"does not fit: closest {result.closest.technique} at {result.closest.total_bytes / GiB:.1f} GiB "
+                   "with the reserve" + (f"; needs {result.min_gpus} GPUs" if result.min_gpus else ""))
+    return verdict + "".join(f"; {n}" for n in result.notes)
+
+
+def _plan(params: Mapping[str, Any], live: bool) -> str:
+    models = shipped_models()
+    model = _choice(params, "model", "llama-2-7b", models)
+    job = _choice(params, "job", "train", JOBS)
+    num_gpus = int(_choice(params, "num_gpus", 8, PLAN_GPUS))
+    memory = float(_choice(params, "gpu_memory_gib", 80.0, PLAN_GPU_GIB))
+    batch_size = int(_choice(params, "batch_size", 4, PLAN_BATCH))
+    seq_len = int(_choice(params, "seq_len", 2048, PLAN_SEQ))
+    controls = (_select("model", "model", models, model, live) + _select("job", "job", JOBS, job, live)
+                + _select("num_gpus", "GPUs", PLAN_GPUS, num_gpus, live)
+                + _select("gpu_memory_gib", "GPU memory (GiB)", PLAN_GPU_GIB, memory, live)
+                + _select("batch_size", "batch per GPU", PLAN_BATCH, batch_size, live)
+                + _select("seq_len", "sequence", PLAN_SEQ, seq_len, live))
+    try:
+        result = plan(model, job=job, num_gpus=num_gpus, gpu_memory=int(memory * GiB), batch_size=batch_size,
+                      seq_len=seq_len)
+    except MemlibError as err:  # e.g. a sequence longer than the model's positions
+        return _root("plan", controls, f'<p class="memlib-live-refused">refused: {_e(err)}</p>', live, _STATIC_NOTE)
+    rows = "".join(
+        f'<tr><td>{_e(s.technique)}</td><td>{s.total_bytes / GiB:.1f}</td>'
+        f'<td>{"yes" if s.fits else "no"}</td><td>{_e(s.cost)}</td></tr>' for s in result.steps if s.applicable)
+    result_html = (f'<table class="memlib-live-table"><thead><tr><th>rung (on top of the ones above)</th>'
+                   f'<th>GiB per GPU with the reserve</th><th>fits {memory:g} GiB</th><th>cost</th></tr></thead>'
+                   f'<tbody>{rows}</tbody></table>'
+                   f'<p class="memlib-live-verdict"><b>{_e(plan_verdict(result))}</b></p>')
+    return _root("plan", controls, result_html, live, _STATIC_NOTE)
+
+
 # ------------------------------------------------------------------------------------------ dispatch
 _STATIC_NOTE = "Static copy: on the book's web page these controls run memlib in the browser."
 _KINDS: dict[str, Callable[[Mapping[str, Any], bool], str]] = {"training": _training, "drill": _drill,
                                                                "format": _format, "offload": _offload,
-                                                               "serving_fit": _serving_fit, "serve": _serve}
+                                                               "serving_fit": _serving_fit, "serve": _serve,
+                                                               "plan": _plan}
 #: The calculators :func:`render` draws.
 LIVE_KINDS: tuple[str, ...] = tuple(_KINDS)
 

@@ -6,6 +6,7 @@ from typing import Any
 from .configs import shipped_models
 from .dtypes import GiB
 from .errors import MemlibError
+from .live import plan_verdict
 from .plan import JOBS, Plan, plan
 from .plots_plan import ladder_figure
 
@@ -22,17 +23,7 @@ def plan_view(model: str = "llama-2-7b", job: str = "train", num_gpus: int = 8, 
     result = plan(model, job=job, num_gpus=num_gpus, gpu_memory=int(gpu_memory_gib * GiB), batch_size=batch_size,
                   seq_len=seq_len)
     fig = ladder_figure(result)
-    if result.fits:
-        ch = result.chosen
-        assert ch is not None  # plan() sets chosen whenever fits is True
-        rungs = [s.technique for s in result.steps if s.needed or s.technique in ("bf16 mixed precision",
-                                                                                   "FlashAttention")]
-        verdict = (f"fits: {ch.total_bytes / GiB:.1f} GiB per GPU with the reserve, with "
-                   + " + ".join(rungs or ["nothing"]))
-    else:
-        verdict = (f"does not fit: closest {result.closest.technique} at {result.closest.total_bytes / GiB:.1f} GiB "
-                   "with the reserve" + (f"; needs {result.min_gpus} GPUs" if result.min_gpus else ""))
-    verdict += "".join(f"; {n}" for n in result.notes)
+    verdict = plan_verdict(result)
     return result, fig, verdict
 
 

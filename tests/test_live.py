@@ -93,7 +93,7 @@ def test_bad_params_name_the_value(params: object, bad: str) -> None:
 
 
 def test_unknown_kind_lists_the_kinds() -> None:
-    with pytest.raises(MemlibError, match="unknown kind 'serving'; expected one of: training, drill, format, offload, serving_fit, serve"):
+    with pytest.raises(MemlibError, match="unknown kind 'serving'; expected one of: training, drill, format, offload, serving_fit, serve, plan"):
         render("serving")
 
 
@@ -225,3 +225,28 @@ def test_serve_calculator_draws_serves_budget_and_users() -> None:
     assert "refused: tensor_parallel 8" in render("serve", {"model": "qwen2-0.5b", "tensor_parallel": "8"})
     with pytest.raises(MemlibError, match="expected one of"):
         render("serve", {"gpu": "tpu-v5"})
+
+
+# ------------------------------------------------------------------------------------- Chapter 13: planner
+def test_plan_calculator_shows_the_ladder_and_the_widgets_verdict() -> None:
+    from memlib.live import plan_verdict
+    from memlib.plan import plan
+    from memlib.widgets_plan import plan_view
+
+    html = render("plan", {"model": "llama-2-7b", "job": "train", "num_gpus": "8", "gpu_memory_gib": "80.0"},
+                  live=True)
+    result = plan("llama-2-7b", num_gpus=8, gpu_memory=80 * 2**30, batch_size=4, seq_len=2048)
+    verdict = plan_verdict(result)
+    assert result.fits and verdict.startswith("fits:") and verdict.replace("'", "&#x27;") in html
+    assert html.count("<tr>") == 1 + sum(s.applicable for s in result.steps)  # header + one row per rung
+    _, fig, widget_verdict = plan_view("llama-2-7b", "train", 8, 80.0, 4, 2048)
+    fig.clf()
+    assert widget_verdict == verdict  # one verdict for the widget and the page
+    big = render("plan", {"model": "llama-2-70b", "num_gpus": "1", "gpu_memory_gib": "24.0"})
+    assert "CPU offload" in big and "fits:" in big  # 70B on one 24 GiB card: only with everything offloaded
+    none = render("plan", {"model": "llama-2-70b", "job": "infer", "num_gpus": "1", "gpu_memory_gib": "16.0",
+                           "batch_size": "16", "seq_len": "4096"})
+    assert "does not fit" in none and "needs" in none
+    assert "refused:" in render("plan", {"model": "gpt2", "seq_len": "8192"})
+    with pytest.raises(MemlibError, match="expected one of"):
+        render("plan", {"job": "pretrain"})
