@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from memlib import GB, GiB, MemlibError
 from memlib.drills import (
     BYTE_UNITS,
+    CHAPTER_PAGES,
     CHAPTERS,
     DRILL_KINDS,
     QUESTIONS,
@@ -148,7 +149,7 @@ def test_markdown_has_dropdown_and_chapter() -> None:
     md = question_markdown(q, 7)
     assert md.startswith("**Question 7 [M] [training memory].** (Tips notes, top) 训练一个模型")
     assert "```{dropdown} Answer" in md and md.rstrip().endswith("```")
-    assert f"*Proved in Chapter {q.chapter} (" in md
+    assert f"*Proved in {{doc}}`Chapter {q.chapter} <../chapters/{CHAPTER_PAGES[q.chapter]}>` (" in md
     chapter = chapter_markdown(6, start=3)
     assert chapter.count("{dropdown}") == len(questions(chapter=6)) and "**Question 3 " in chapter
 
@@ -433,3 +434,10 @@ def test_serving_questions_and_drills_use_memlib_serve() -> None:
         ms = 1e3 * decode_latency_s(s["model"], gpu=s["gpu"], batch_size=s["batch_size"],
                                     context_len=s["context_len"], weights=s["weights"])
         assert d.answer == pytest.approx(ms) and grade(d, f"{ms:.2f} ms") and not grade(d, f"{2 * ms:.2f} ms")
+
+
+def test_every_chapter_has_its_page() -> None:
+    root = Path(__file__).resolve().parents[1]
+    assert set(CHAPTER_PAGES) == set(CHAPTERS)
+    for n, stem in CHAPTER_PAGES.items():
+        assert stem.startswith(f"{n:02d}_") and (root / "chapters" / f"{stem}.ipynb").is_file(), stem
