@@ -235,15 +235,12 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
             if args.job != "train":
                 raise MemlibError(f"--parallel plans job 'train', not {args.job!r}; expected --job train")
-            if args.ep != 1:
-                raise MemlibError(f"ep {args.ep} needs an MoE model; the 3D/4D ladder plans dense models; expected "
-                                  "ep 1")
             pres = plan_parallel(args.model, num_gpus=args.gpus, gpu_memory=gpu_mem, seq_len=args.seq,
                                  batch_size=args.batch, gpus_per_node=args.gpus_per_node,
                                  micro_batches=args.micro_batches if args.micro_batches != 1 else None,
                                  pp_schedule=args.pp_schedule, reserve=args.reserve,
                                  tp=args.tp if args.tp != 1 else None, pp=args.pp if args.pp != 1 else None,
-                                 cp=args.cp if args.cp != 1 else None)
+                                 cp=args.cp if args.cp != 1 else None, ep=args.ep if args.ep != 1 else None)
             return pres.as_dict(), _parallel_plan_text(pres)
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
@@ -308,15 +305,20 @@ def _parallel_plan_text(result: Any) -> str:
              f"{inp['gpus_per_node']} per node, micro-batch {inp['batch_size']} × {inp['seq_len']} tokens",
              f"  {'#':>2}  {'rung':<28} {'tp':>3} {'pp':>3} {'cp':>3} {'dp':>5} {'zero':>4} {'recompute':<9} "
              f"{'per GPU (GiB)':>13}  fits"]
+    moe = any("ep" in st.settings for st in result.steps)
+    if moe:  # MoE models: an ep column after dp (dense plans print as before)
+        lines[-1] = lines[-1].replace(f"{'dp':>5} ", f"{'dp':>5} {'ep':>3} ")
     for i, st in enumerate(result.steps):
         x = st.settings
-        lines.append(f"  {i:>2}  {st.technique:<28} {x['tp']:>3} {x['pp']:>3} {x['cp']:>3} {x['dp']:>5} "
+        ep = f"{x['ep']:>3} " if moe else ""
+        lines.append(f"  {i:>2}  {st.technique:<28} {x['tp']:>3} {x['pp']:>3} {x['cp']:>3} {x['dp']:>5} {ep}"
                      f"{x['zero_stage']:>4} {x['recompute']:<9} {st.per_gpu_bytes / GiB:>13.2f}  "
                      f"{'yes' if st.fits else 'no'}")
     if result.fits:
         x = result.chosen.settings
         lines.append(f"fits: tp={x['tp']} (sequence parallel), pp={x['pp']} ({x['pp_schedule']}, m={x['micro_batches']}), "
-                     f"cp={x['cp']}, dp={x['dp']} with ZeRO-{x['zero_stage']}, recompute={x['recompute']}")
+                     f"cp={x['cp']}, dp={x['dp']} with ZeRO-{x['zero_stage']}, recompute={x['recompute']}"
+                     + (f", ep={x['ep']} (experts split over ep of the dp ranks)" if x.get("ep", 1) > 1 else ""))
     else:
         lines.append("does not fit" + (f"; it would need {result.min_gpus} GPUs of this size" if result.min_gpus
                                        else "; no layout up to 16384 GPUs fits"))

@@ -355,7 +355,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         tp, pp, cp, ep, sequence_parallel, micro_batches, pp_schedule: model parallelism (Chapter 15):
             ``num_gpus`` is then the total and ZeRO shards over dp = num_gpus / (tp·pp·cp); the estimate is
             the worst rank's (:func:`memlib.parallel.estimate_parallel`). The defaults give plain data
-            parallelism.
+            parallelism. ``ep`` (MoE models; GShard, Lepikhin et al. 2021; DeepSpeed-MoE) splits the routed
+            experts over ep of the dp ranks (ep divides dp and the experts), ZeRO sharding the expert states
+            over dp/ep, and adds the all-to-all buffers; balanced routing leaves the activations unchanged.
 
     Returns:
         The estimate, bytes per GPU (and ``cpu_bytes`` of host memory with offload).

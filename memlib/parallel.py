@@ -51,6 +51,7 @@ __all__ = [
     "cp_allgather_attention_bytes",
     "tp_buffer_bytes",
     "expert_parallel_bytes",
+    "moe_stage_params",
     "comm_bytes_per_layer",
     "estimate_parallel",
 ]
@@ -67,8 +68,9 @@ class Layout:
         tp: tensor-parallel degree t.
         pp: pipeline stages p.
         cp: context-parallel degree (sequence split for attention).
-        ep: expert-parallel degree (1 for dense models).
-        dp: data-parallel degree: num_gpus / (tp·pp·cp); ZeRO/FSDP shard over it.
+        ep: expert-parallel degree (1 for dense models); the EP ranks are data-parallel ranks (ep divides dp).
+        dp: data-parallel degree: num_gpus / (tp·pp·cp); ZeRO/FSDP shard over it (the routed experts over
+            dp/ep, the expert-data-parallel group).
         sequence_parallel: norms and the residual stream split along the sequence over the tp GPUs.
         micro_batches: micro-batches m per optimizer step and pipeline.
         schedule: ``gpipe``, ``1f1b`` or ``interleaved``.
@@ -140,7 +142,8 @@ def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int
 
     Raises:
         MemlibError: tp not dividing the heads, pp above the layers, num_gpus not divisible by tp·pp·cp,
-            ep not dividing the experts, a bad schedule or micro-batch count.
+            ep not dividing the experts or dp (EP ranks are data-parallel ranks, as in Megatron-LM and
+            DeepSpeed-MoE), a bad schedule or micro-batch count.
     """
     n = check_positive("num_gpus", num_gpus)
     t, p, c, e = (check_positive(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)))
@@ -172,9 +175,9 @@ def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int
         raise MemlibError(f"gpus {n} is not divisible by tp·pp·cp = {t}·{p}·{c} = {mp}; expected a multiple "
                           f"of {mp}")
     dp = n // mp
-    if e > 1 and (dp * c) % e:
-        raise MemlibError(f"ep {e} does not divide dp·cp = {dp * c} (experts are split inside the data-parallel "
-                          f"group); expected one of: {', '.join(map(str, _divisors(dp * c)))}")
+    if e > 1 and dp % e:
+        raise MemlibError(f"ep {e} does not divide dp = {dp} (EP ranks come from the data-parallel ranks, "
+                          f"dp = gpus/(tp·pp·cp)); expected one of: {', '.join(map(str, _divisors(dp)))}")
     if schedule == "interleaved" and p > 1 and m % p:
         raise MemlibError(f"interleaved schedule: micro_batches {m} is not a multiple of pp {p}; expected a "
                           f"multiple of {p}")
@@ -411,6 +414,45 @@ def expert_parallel_bytes(*, num_experts: int, expert_params: int, ep: int, toke
             "a2a_bytes_sent": buf * (e - 1) // e}
 
 
+def moe_stage_params(cfg: ModelConfig, tp: int, pp: int) -> list[tuple[int, int]]:
+    """(non-expert, routed-expert) parameters each pipeline stage holds per tensor-parallel GPU of a MoE model.
+
+    Introduced in Chapter 15. Layer by layer (DeepSeek's first dense layers and Qwen's dense layers counted as
+    what they are): the attention and MLP linears, the router and the shared experts are split over tp as in
+    :func:`stage_params`, norms replicated, the embedding and LM head vocab-parallel; the routed experts of the
+    stage's MoE layers are returned apart, split over tp, for expert parallelism to divide by ep.
+    """
+    from .families_moe import _attention_tensors, _mlp_tensors, _norm_tensors
+    from .params import count_params
+
+    moe = cfg.moe
+    if moe is None:
+        raise MemlibError(f"{cfg.name} has no experts; expected a MoE model (mixtral, qwen2_moe, qwen3_moe, "
+                          "deepseek_v2, deepseek_v3)")
+    h = cfg.hidden_size
+    routed_layer = moe.num_experts * 3 * h * moe.expert_intermediate_size
+    attn, norms = sum(_attention_tensors(cfg)), sum(_norm_tensors(cfg))
+    pc = count_params(cfg)
+    embed = -(-pc.embeddings // tp)
+    head = -(-(pc.lm_head or cfg.vocab_size * h) // tp)
+    out: list[tuple[int, int]] = []
+    first = 0
+    for i, n_layers in enumerate(stage_layers(cfg.num_layers, pp)):
+        dense = routed = 0
+        for j in range(first, first + n_layers):
+            is_moe = j in moe.moe_layers
+            linears = attn + sum(_mlp_tensors(cfg, is_moe)) - (routed_layer if is_moe else 0)
+            dense += -(-linears // tp) + norms
+            routed += -(-routed_layer // tp) if is_moe else 0
+        first += n_layers
+        if i == 0:
+            dense += embed
+        if i == pp - 1:
+            dense += h + (head if pc.lm_head or pp > 1 else 0)
+        out.append((dense, routed))
+    return out
+
+
 def comm_bytes_per_layer(cfg: ModelConfig, batch_size: int, seq_len: int, layout: Layout,
                          act_bytes: int = 2, backward_collectives: int = 2) -> dict[str, int]:
     """Bytes one GPU sends per layer and micro-batch, forward + backward, per parallelism.
@@ -446,13 +488,27 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     :func:`split_terms` at s/cp; plus the TP buffer, the ring-attention K/V buffers and the largest
     temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
 
+    Expert parallelism (``layout.ep`` > 1, MoE models; GShard, Lepikhin et al. 2021, ``lepikhin2021gshard``;
+    DeepSpeed-MoE, Rajbhandari et al. 2022): the ep ranks are data-parallel ranks (ep divides dp, as in
+    Megatron-LM and DeepSpeed-MoE). Each GPU holds num_experts/ep of the routed experts of every MoE layer
+    of its stage (:func:`moe_stage_params`); attention, dense MLPs, shared experts, the router, norms and
+    embeddings stay replicated (split by tp as without EP). ZeRO shards the non-expert states over dp and the
+    expert states over the expert-data-parallel group of dp/ep ranks, so without ZeRO the expert weights,
+    gradients and optimizer states all divide by ep, and with ZeRO-1 the optimizer states per GPU are those
+    of plain ZeRO-1 (E/ep experts over dp/ep ranks = E experts over dp). The temporaries add one MoE layer's
+    all-to-all dispatch buffers in flight, send + receive of top_k·b·(s/cp)·h elements
+    (:func:`expert_parallel_bytes`, capacity factor 1). Activations assume balanced routing: each of the ep
+    GPUs sends its b·s·k routed token copies out and, holding E/ep of the experts, receives on average
+    b·s·k back: the expert activations per GPU are those without EP (the same token count), so they are
+    unchanged. Real routers are imbalanced: the busiest GPU holds more (a capacity factor c bounds it at c×).
+
     Args:
         sp_keeps_gathered: PyTorch DTensor's ``SequenceParallel`` + ``ColwiseParallel``: each column-parallel
             linear all-gathers its input and saves the gathered copy for backward (Megatron re-gathers it
             instead): :func:`sp_gathered_extra_bytes` per layer. False follows Megatron (Korthikanti et al. 2022).
 
     Limitations:
-        Dense models only (MoE: :func:`expert_parallel_bytes`); full fine-tuning only; no ZeRO-3 gathered layers
+        Balanced routing for MoE (above); full fine-tuning only; no ZeRO-3 gathered layers
         or optimizer-step temporaries (the step runs one stage's shard; its temporaries are below the
         activations' peak for the models of Chapter 15).
     """
@@ -505,6 +561,34 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     params_per_stage = stage_params(cfg, t, p)
     buffers = tp_buffer_bytes(cfg, batch_size, s_local, t, e) + ring_kv_buffer_bytes(
         cfg, batch_size, seq_len, layout.cp, t, e)
+    ep_settings: dict[str, Any] = {}
+    moe = cfg.moe
+    if layout.ep > 1 and moe is not None:  # expert parallelism: the routed experts split over ep ranks of dp
+        split = moe_stage_params(cfg, t, p)
+        params_per_stage = [dense + routed // layout.ep for dense, routed in split]
+        a2a = expert_parallel_bytes(num_experts=moe.num_experts, expert_params=3 * cfg.hidden_size
+                                    * moe.expert_intermediate_size, ep=layout.ep, tokens=T,
+                                    hidden_size=cfg.hidden_size, top_k=moe.top_k, act_bytes=e)["a2a_buffer_bytes"]
+        buffers += a2a
+        ep_settings = {"local_experts": moe.num_experts // layout.ep, "expert_data_parallel": layout.dp // layout.ep,
+                       "a2a_buffer_bytes": a2a}
+
+    def states(i: int) -> Any:
+        if not ep_settings:
+            return estimate_training(params=params_per_stage[i], precision=precision, optimizer=optimizer,
+                                     zero_stage=zero_stage, num_gpus=layout.dp)
+        # ZeRO shards the non-expert states over dp and each expert's over the dp/ep ranks that hold a copy of
+        # it (DeepSpeed-MoE's expert-data-parallel group; Megatron's expert data parallelism)
+        dense, routed = split[i]
+        a = estimate_training(params=dense, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
+                              num_gpus=layout.dp)
+        if routed == 0:
+            return a
+        x = estimate_training(params=routed // layout.ep, precision=precision, optimizer=optimizer,
+                              zero_stage=zero_stage, num_gpus=layout.dp // layout.ep)
+        return TrainingEstimate(a.params_bytes + x.params_bytes, a.grads_bytes + x.grads_bytes,
+                                a.optimizer_bytes + x.optimizer_bytes, None, 0, a.total_bytes + x.total_bytes,
+                                "states", a.settings)
     loss_temp = 4 * T * cfg.vocab_size // t  # fp32 gradient of the logits, vocab-parallel
     best: tuple[int, int, Any, int] | None = None
     for i in range(p):
@@ -512,8 +596,7 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         outside = (first_out if i == 0 else 0) + (last_out if i == p - 1 else 0)
         acts = int(flight * (layers[i] * saved_per_layer + outside))
         temp = buffers + live + (loss_temp if i == p - 1 else 0)
-        st = estimate_training(params=params_per_stage[i], precision=precision, optimizer=optimizer,
-                               zero_stage=zero_stage, num_gpus=layout.dp)
+        st = states(i)
         total = st.total_bytes + acts + temp
         if best is None or total > best[0]:
             best = (total, acts, st, temp)
@@ -525,7 +608,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
                 "recompute": recompute, "attention": attention, "offload": offload, "method": method,
                 "params": _count_all(cfg), "trainable_params": _count_all(cfg), **_layout_settings(layout),
                 "worst_stage": worst, "stage_params": params_per_stage[worst],
-                "bubble_fraction": bubble_fraction(p, layout.micro_batches, layout.schedule, layout.virtual_stages)}
+                "bubble_fraction": bubble_fraction(p, layout.micro_batches, layout.schedule, layout.virtual_stages),
+                **ep_settings}
     return TrainingEstimate(st.params_bytes, st.grads_bytes, st.optimizer_bytes, acts, temp, total, "backward",
                             settings)
 

@@ -461,8 +461,8 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
                   seq_len: int = 8192, batch_size: int = 1, gpus_per_node: int = 8, micro_batches: int | None = None,
                   pp_schedule: str = "1f1b", reserve: int | str = DEFAULT_RESERVE,
                   fragmentation: float = DEFAULT_FRAGMENTATION, tp: int | None = None, pp: int | None = None,
-                  cp: int | None = None, search_gpus: bool = True) -> ParallelPlan:
-    """Full fine-tuning / pre-training layout over data, tensor, pipeline and context parallelism.
+                  cp: int | None = None, search_gpus: bool = True, ep: int | None = None) -> ParallelPlan:
+    """Full fine-tuning / pre-training layout over data, tensor, pipeline, context and expert parallelism.
 
     Introduced in Chapter 15. bf16 mixed precision, AdamW, FlashAttention, micro-batch ``batch_size``; the
     rungs, cheapest communication first (the Ultra-Scale Playbook's order; Narayanan et al. 2021, §3):
@@ -477,7 +477,15 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
     5. + context parallelism for long sequences (cp a power of two dividing the GPUs left);
     6. + full activation recomputation.
 
-    Degrees given (``tp``, ``pp``, ``cp``) are kept fixed on every rung. When nothing fits and ``search_gpus``,
+    MoE models (``cfg.moe``) add expert parallelism (GShard, Lepikhin et al. 2021; DeepSpeed-MoE): after
+    rung 1, "expert parallel + ZeRO-1" tries each ep > 1 dividing both the experts and dp, smallest first (the
+    all-to-all grows with ep), then "expert parallel + ZeRO-2" (the gradients sharded too: over dp for the
+    non-expert ones, over dp/ep for the experts') at the largest such ep. ZeRO-3 stays at ep 1 (the estimate
+    of EP + ZeRO-3 would omit the gathered layers); every later rung uses the largest ep for its dp (the
+    experts are most of a MoE model's states, and EP splits them without TP's per-layer collectives).
+    Settings then hold ``ep``. Dense models get exactly the rungs above.
+
+    Degrees given (``tp``, ``pp``, ``cp``, ``ep``) are kept fixed on every rung. When nothing fits and ``search_gpus``,
     :attr:`ParallelPlan.min_gpus` says how many GPUs would do (``num_gpus`` doubled until a layout fits). A rung fits when estimate +
     :func:`memlib.inference.reserve_bytes` ≤ GPU memory.
 
@@ -493,11 +501,16 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
     b = check_positive("batch_size", batch_size)
     mem = parse_size(gpu_memory) if isinstance(gpu_memory, str) else check_positive("gpu_memory", gpu_memory)
     res = parse_size(reserve) if isinstance(reserve, str) else int(reserve)
-    for name, v in (("tp", tp), ("pp", pp), ("cp", cp)):
+    for name, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
         if v is not None:
             check_positive(name, v)
-    check_layout(cfg, n, tp=tp or 1, pp=pp or 1, cp=cp or 1, schedule=pp_schedule,
+    check_layout(cfg, n, tp=tp or 1, pp=pp or 1, cp=cp or 1, ep=ep or 1, schedule=pp_schedule,
                  micro_batches=micro_batches or 4 * (pp or 1), seq_len=s if cp else None)
+    experts = cfg.moe.num_experts if cfg.moe is not None else 0
+
+    def ep_for(dp: int) -> int:
+        """The largest ep dividing the experts and dp (1 for a dense model)."""
+        return max((d for d in range(1, experts + 1) if experts % d == 0 and dp % d == 0), default=1)
     inputs = {"model": cfg.name, "num_gpus": n, "gpu_memory": mem, "seq_len": s, "batch_size": b,
               "gpus_per_node": node, "pp_schedule": pp_schedule, "reserve": res, "fragmentation": fragmentation}
 
@@ -506,17 +519,23 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
 
     steps: list[PlanStep] = []
 
-    def attempt(technique: str, t: int, p: int, c: int, zero: int, recompute: str, cost: str) -> PlanStep | None:
+    def attempt(technique: str, t: int, p: int, c: int, zero: int, recompute: str, cost: str,
+                x: int | None = None) -> PlanStep | None:
         if (tp and t != tp) or (pp and p != pp) or (cp and c != cp):
             return None
         if n % (t * p * c) or p > cfg.num_layers or (c > 1 and s % (2 * c)):
+            return None
+        if ep and x is not None and x != ep:  # a fixed ep: rungs of another ep are skipped, as for tp
+            return None
+        x = ep or (ep_for(n // (t * p * c)) if x is None else x)
+        if (n // (t * p * c)) % x:
             return None
         m = micro_batches or (4 * p if p > 1 else 1)
         if pp_schedule == "interleaved" and (p == 1 or m % p or cfg.num_layers % (2 * p)):
             return None
         e = estimate_training(cfg, batch_size=b, seq_len=s, precision="bf16-mixed", optimizer="adamw",
                               zero_stage=zero, num_gpus=n, recompute=recompute, attention="sdpa", tp=t, pp=p,
-                              cp=c, sequence_parallel=t > 1, micro_batches=m,
+                              cp=c, ep=x, sequence_parallel=t > 1, micro_batches=m,
                               pp_schedule=pp_schedule if p > 1 else "1f1b")
         total = e.total_bytes
         r = reserve_for(total)
@@ -524,6 +543,8 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
                     "zero_stage": zero, "recompute": recompute, "micro_batches": m, "pp_schedule": pp_schedule,
                     "batch_size": b, "seq_len": s, "precision": "bf16-mixed", "attention": "sdpa",
                     "bubble_fraction": e.settings.get("bubble_fraction", 0.0)}
+        if experts:
+            settings["ep"] = x
         st = PlanStep(technique, settings, total, 0, total + r <= mem, cost, True, None, r)
         steps.append(st)
         return st
@@ -531,22 +552,26 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
     tps = [t for t in valid_tp(cfg, min(node, n)) if n % t == 0]
     t_max = tp or max(tps)
     pps = [p for p in range(2, min(cfg.num_layers, n // t_max) + 1) if (n // t_max) % p == 0]
-    rungs: list[tuple[str, int, int, int, int, str, str]] = [
-        ("data parallel + ZeRO-1", 1, 1, 1, 1, "none", "2Ψ all-reduce-equivalent per step"),
-        ("ZeRO-3 / FSDP", 1, 1, 1, 3, "none", "3Ψ per step; activations unchanged"),
-    ]
+    rungs: list[tuple[str, int, int, int, int, str, str, int | None]] = [
+        ("data parallel + ZeRO-1", 1, 1, 1, 1, "none", "2Ψ all-reduce-equivalent per step", 1)]
+    rungs += [("expert parallel + ZeRO-1", 1, 1, 1, 1, "none", f"EP {x}: 2 all-to-alls of k·b·s·h per MoE layer "
+               "forward, 2 backward", x) for x in range(2, experts + 1) if experts % x == 0 and n % x == 0]
+    if experts:
+        rungs.append(("expert parallel + ZeRO-2", 1, 1, 1, 2, "none", "as ZeRO-1 (reduce-scatter the gradients, "
+                      "all-gather the weights), gradients sharded too", None))
+    rungs += [("ZeRO-3 / FSDP", 1, 1, 1, 3, "none", "3Ψ per step; activations unchanged", 1)]
     rungs += [("tensor + sequence parallel", t, 1, 1, 1, "none",
-               f"TP {t} in a node: 4 all-gather/reduce-scatter pairs of b·s·h per layer")
+               f"TP {t} in a node: 4 all-gather/reduce-scatter pairs of b·s·h per layer", None)
               for t in tps if t > 1]
-    rungs += [("+ pipeline parallel", t_max, p, 1, 1, "none", f"PP {p}: bubble (p−1)/(m+p−1)") for p in pps]
+    rungs += [("+ pipeline parallel", t_max, p, 1, 1, "none", f"PP {p}: bubble (p−1)/(m+p−1)", None) for p in pps]
     for c in (2, 4, 8, 16, 32):
         for p in [1] + pps:
-            rungs.append(("+ context parallel", t_max, p, c, 1, "none", f"CP {c}: K/V passed around a ring"))
+            rungs.append(("+ context parallel", t_max, p, c, 1, "none", f"CP {c}: K/V passed around a ring", None))
     for p in [1] + pps:
-        rungs.append(("+ full recomputation", t_max, p, 1, 1, "full", "+33 % compute"))
+        rungs.append(("+ full recomputation", t_max, p, 1, 1, "full", "+33 % compute", None))
     chosen = None
-    for name, t, p, c, z, rc, cost in rungs:
-        st = attempt(name, t, p, c, z, rc, cost)
+    for name, t, p, c, z, rc, cost, x in rungs:
+        st = attempt(name, t, p, c, z, rc, cost, x)
         if st is not None and st.fits:
             chosen = st
             break
@@ -564,7 +589,7 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
         while k <= 16384 and more is None:
             if plan_parallel(cfg, num_gpus=k, gpu_memory=mem, seq_len=s, batch_size=b, gpus_per_node=node,
                              micro_batches=micro_batches, pp_schedule=pp_schedule, reserve=res,
-                             fragmentation=fragmentation, tp=tp, pp=pp, cp=cp, search_gpus=False).fits:
+                             fragmentation=fragmentation, tp=tp, pp=pp, cp=cp, search_gpus=False, ep=ep).fits:
                 more = k
             k *= 2
     return ParallelPlan(chosen is not None, chosen, steps, inputs, notes, more)
