@@ -563,6 +563,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         cfg, batch_size, seq_len, layout.cp, t, e)
     ep_settings: dict[str, Any] = {}
     moe = cfg.moe
+    if moe is not None and layout.ep == 1:  # count MoE stages layer by layer (DeepSeek's first layers are dense)
+        params_per_stage = [dense + routed for dense, routed in moe_stage_params(cfg, t, p)]
     if layout.ep > 1 and moe is not None:  # expert parallelism: the routed experts split over ep ranks of dp
         split = moe_stage_params(cfg, t, p)
         params_per_stage = [dense + routed // layout.ep for dense, routed in split]
