@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import families_dense, families_moe
+from .attention_terms import gqa_attention_terms
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
@@ -258,29 +259,9 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
         add("RMSNorm normalized and weighted outputs ×2", 2 * 2 * e * T * h, f"2·2·{e}·bsh")
         add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
     if cfg.model_type != "gpt2":
-        rep = cfg.num_heads // cfg.num_kv_heads
         window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
-        if attention == "sdpa":
-            add("q, k after rotary; v", e * T * (q + 2 * kv), f"{e}·bs(a+2·a_kv)·d")
-            add("attention output", e * T * q, f"{e}·bs·a·d")
-            add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
-            if isinstance(window, int) and s >= window:
-                # A sliding window no longer than the sequence makes transformers pass a boolean (b, 1, s, s) mask;
-                # torch's SDPA turns it into an additive mask in the activation dtype, which every layer's kernel
-                # keeps for backward; with a mask transformers also repeats k and v to all heads (GQA).
-                add("sliding-window additive mask", e * b * s * s, f"{e}·bs²")
-                if rep > 1:
-                    add("k, v repeated to all heads (mask given)", 2 * e * T * (q - kv), f"2·{e}·bs(a − a_kv)·d")
-        else:
-            kv_saved = q if rep > 1 else kv  # repeat_kv makes full-size copies of k and v for GQA/MQA
-            add("q after rotary; k, v (repeated for GQA)", e * T * (q + 2 * kv_saved),
-                f"{e}·bs·(a + 2·{'a' if rep > 1 else 'a_kv'})·d")
-            add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-            if e != 4:
-                add("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-            if dropout and cfg.attn_dropout > 0:
-                add("attention dropout mask (bool)", b * a * s * s, "bas²")
-            add("attention output (contiguous, o_proj input)", e * T * q, f"{e}·bs·a·d")
+        gqa_attention_terms(add, cfg, batch_size=b, seq_len=s, act_bytes=e, attention=attention, dropout=dropout,
+                            window=window)
         add("MLP gate, up, activation, product", 4 * e * T * f, f"4·{e}·bsf")
         if cfg.model_type == "olmo2":  # fp32 input and normalized, rsqrt; the cast output feeds the LM head
             add("final RMSNorm", 8 * T * h + e * T * h + 4 * T, f"(8 + {e})·bsh + 4·bs", per_layer=False)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .attention_terms import gqa_attention_terms
 from .configs import ModelConfig, load_config
 from .errors import MemlibError
 
@@ -236,26 +237,9 @@ def activation_terms_moe(cfg: ModelConfig, *, b: int, s: int, e: int, attention:
     add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
     mla = cfg.mla
     if mla is None:
-        rep = cfg.num_heads // cfg.num_kv_heads
         window = cfg.raw.get("sliding_window") if cfg.model_type == "mixtral" else None
-        if attention == "sdpa":
-            add("q, k after rotary; v", e * T * (q + 2 * kv), f"{e}·bs(a+2·a_kv)·d")
-            add("attention output", e * T * q, f"{e}·bs·a·d")
-            add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
-            if isinstance(window, int) and s >= window:  # as for Mistral (memlib.estimate.activation_terms)
-                add("sliding-window additive mask", e * b * s * s, f"{e}·bs²")
-                if rep > 1:
-                    add("k, v repeated to all heads (mask given)", 2 * e * T * (q - kv), f"2·{e}·bs(a − a_kv)·d")
-        else:
-            kv_saved = q if rep > 1 else kv
-            add("q after rotary; k, v (repeated for GQA)", e * T * (q + 2 * kv_saved),
-                f"{e}·bs·(a + 2·{'a' if rep > 1 else 'a_kv'})·d")
-            add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-            if e != 4:
-                add("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-            if dropout and cfg.attn_dropout > 0:
-                add("attention dropout mask (bool)", b * a * s * s, "bas²")
-            add("attention output (contiguous, o_proj input)", e * T * q, f"{e}·bs·a·d")
+        gqa_attention_terms(add, cfg, batch_size=b, seq_len=s, act_bytes=e, attention=attention, dropout=dropout,
+                            window=window)
         if cfg.model_type == "qwen3_moe":  # q_norm, k_norm over each head, as Qwen3
             a_kv = cfg.num_kv_heads
             add("q_norm, k_norm: fp32 inputs, normalized, rsqrt", (4 + e) * T * (q + kv) + 4 * T * (a + a_kv),

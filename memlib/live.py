@@ -42,9 +42,9 @@ __all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "
 
 #: memlib's modules the live calculators import (shipped to the browser as one zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
-    "__init__", "categories", "configs", "drills", "dtypes", "errors", "estimate", "families_dense", "families_moe",
-    "flops", "formats", "gpus", "inference", "live", "lora", "offload", "parallel", "params", "plan", "plots",
-    "search", "serve", "widgets_drills",
+    "__init__", "attention_terms", "categories", "configs", "drills", "dtypes", "errors", "estimate",
+    "families_dense", "families_moe", "flops", "formats", "gpus", "inference", "live", "lora", "offload", "parallel",
+    "params", "plan", "plots", "search", "serve", "widgets_drills",
 )
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
