@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MemlibError, check_choice, check_positive, require_torch
-from .procs import join_with_deadline
+from .procs import join_gloo_group, join_with_deadline
 
 __all__ = [
     "STRATEGIES",
@@ -514,16 +514,7 @@ def _start_method() -> str:
 def _worker(rank: int, world_size: int, init_file: str, out_dir: str, strategies: list[str],
             kwargs: dict[str, Any], timeout_s: float) -> None:
     """Body of one spawned process: join the gloo group, run every strategy, write the results as JSON."""
-    # The workers' own prints and library warnings go to a log file, not into the parent's output (a notebook
-    # cell would show them); an exception still reaches the parent with its traceback.
-    log = os.open(os.path.join(out_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    torch = _torch()
-    torch.set_num_threads(1)
-    dist = torch.distributed
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist = join_gloo_group(_torch(), rank, world_size, init_file, out_dir, timeout_s)  # output to rank<r>.log
     try:
         results = [train_rank(s, **kwargs).as_dict() for s in strategies]
         dist.barrier()

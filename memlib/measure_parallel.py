@@ -28,12 +28,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from .errors import MemlibError, check_choice, check_positive, require_torch
-from .procs import join_with_deadline
+from .procs import join_gloo_group, join_with_deadline
 
 __all__ = ["TECHNIQUES", "TINY_PP_LLAMA", "ParallelResult", "ParallelRuns", "Comparison", "SavedBytes",
            "run_parallel", "moe_expert_params", "BUBBLE_TOLERANCE"]
@@ -686,14 +685,8 @@ class ParallelRuns:
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str, techniques: list[str], kw: dict[str, Any],
             timeout_s: float) -> None:
-    log = os.open(os.path.join(out_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
     torch = _torch()
-    torch.set_num_threads(1)
-    dist = torch.distributed
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+    dist = join_gloo_group(torch, rank, world, init_file, out_dir, timeout_s)  # output to rank<r>.log
     results = []
     try:
         for t in techniques:

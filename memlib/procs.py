@@ -6,10 +6,12 @@ start_processes(..., join=False)`` returned.
 """
 from __future__ import annotations
 
+import os
 import time
+from datetime import timedelta
 from typing import Any
 
-__all__ = ["join_with_deadline", "idle_worker"]
+__all__ = ["join_with_deadline", "idle_worker", "join_gloo_group"]
 
 
 def join_with_deadline(ctx: Any, timeout_s: float, what: str) -> None:
@@ -44,3 +46,30 @@ def idle_worker(rank: int, seconds: float) -> None:
     """A worker that only waits ``seconds``: lets a test check the deadline without racing a real run."""
     del rank
     time.sleep(seconds)
+
+
+def join_gloo_group(torch: Any, rank: int, world_size: int, init_file: str, out_dir: str, timeout_s: float) -> Any:
+    """In a spawned worker: send its output to ``out_dir/rank<r>.log``, use one thread, join the gloo group.
+
+    The workers' own prints and library warnings go to the log file, not into the parent's output (a notebook
+    cell would show them); an exception still reaches the parent with its traceback.
+
+    Args:
+        torch: the torch module (the caller imports it; this module does not).
+        rank: this worker's rank.
+        world_size: the number of workers.
+        init_file: the file the group rendezvous through (``file://`` init method).
+        out_dir: where the rank's log goes.
+        timeout_s: the group's collective timeout.
+
+    Returns:
+        ``torch.distributed``, joined.
+    """
+    log = os.open(os.path.join(out_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    torch.set_num_threads(1)
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return dist
