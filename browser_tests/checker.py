@@ -80,7 +80,7 @@ class PageReport:
     links: set[str] = field(default_factory=set)  # absolute local URLs (with fragment) found on the page
     images: int = 0
     math: int = 0
-    widgets: int = 0
+    widgets: int = 0  # rendered ipywidgets views plus live calculators (.memlib-live)
     seconds: float = 0.0
 
 
@@ -162,7 +162,8 @@ _INSPECT_JS = """(rawMath) => {
   for (const m of maths) { if (!m.querySelector('mjx-container')) out.untypeset += 1; }
   for (const e of document.querySelectorAll('mjx-merror')) out.mathErrors.push(e.textContent.slice(0, 120));
   const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]');
-  out.widgets = views.length;
+  // rendered ipywidgets, and the live calculators that replace them on the web page (memlib.live)
+  out.widgets = views.length + document.querySelectorAll('.memlib-live').length;
   views.forEach((s, k) => {
     const box = s.previousElementSibling;
     const ok = box && box.classList.contains('widget-subarea') && box.childElementCount > 0
