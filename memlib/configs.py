@@ -494,6 +494,9 @@ def _dense_family_config(d: dict[str, Any], name: str) -> ModelConfig:
     layer_types: tuple[str, ...] = ()
     if gemma:
         window = _positive(d, ("sliding_window",), 4096)
+        scalar = d.get("query_pre_attn_scalar", 256)  # scores scale by scalar^-0.5 instead of head_dim^-0.5: no memory
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or scalar <= 0:
+            raise MemlibError(f"config field 'query_pre_attn_scalar' must be a positive number, got {scalar!r}")
         pattern = 2 if model_type == "gemma2" else _positive(d, ("sliding_window_pattern",), 6)
         layer_types = _layer_types(d, layers, pattern)
     elif model_type == "phi3" and d.get("sliding_window") is not None:

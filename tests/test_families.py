@@ -75,6 +75,8 @@ def test_config_fields() -> None:
     ({**TINY_DENSE["phi3"], "num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
     ({**TINY_DENSE["gemma2"], "layer_types": ["sliding_attention"]}, "'layer_types' must list 4 entries"),
     ({**TINY_DENSE["gemma2"], "attn_logit_softcapping": -1}, "'attn_logit_softcapping' must be a positive number"),
+    ({**TINY_DENSE["gemma2"], "query_pre_attn_scalar": 0}, "'query_pre_attn_scalar' must be a positive number, got 0"),
+    ({**TINY_DENSE["gemma3_text"], "sliding_window_pattern": 0}, "'sliding_window_pattern' must be a positive integer"),
     ({**TINY_DENSE["gpt_neox"], "rotary_pct": 1.5}, r"rotary fraction .* must be in \(0, 1\], got 1.5"),
     ({**TINY_DENSE["falcon"], "multi_query": "yes"}, "'multi_query' must be true or false, got 'yes'"),
     ({**TINY_DENSE["phi3"], "resid_pdrop": 1.0}, r"'resid_pdrop' must be a probability in \[0, 1\), got 1.0"),
