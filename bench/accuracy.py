@@ -6,7 +6,7 @@ shorter, e.g. GPT-2's 1024 — eager and sdpa, no recomputation) and the median 
 ``--families``: every model family memlib traces (its own and those transformers builds: qwen3, gemma2/3, phi3,
 mixtral, qwen2_moe, qwen3_moe, deepseek_v2/v3, olmo2, gpt_neox, falcon), tiny configs traced on meta and on real
 CPU tensors, estimated where memlib derives the family; ``--current`` adds the shipped current models traced on
-meta. The dense families of memlib/families_dense.py (gemma2, gemma3_text, phi3, gpt_neox, falcon) run at batch
+meta. The dense families of memlib/core/families_dense.py (gemma2, gemma3_text, phi3, gpt_neox, falcon) run at batch
 1 and 4 with every attention transformers has for them (Gemma 2: eager only), their shipped models too (target:
 median ≤ 1 %, max ≤ 3 %). The MoE and MLA families (mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)
 are also estimated at batch 1 and 4 against real routing on CPU tensors (the estimate assumes balanced routing;
@@ -19,13 +19,13 @@ import statistics
 import sys
 from typing import Any
 
-from memlib.configs import load_config, shipped_models
-from memlib.dtypes import GB
-from memlib.errors import MemlibError
-from memlib.estimate import estimate_training
-from memlib.families_moe import moe_params
-from memlib.params import count_params
-from memlib.trace import trace_training
+from memlib.core.configs import load_config, shipped_models
+from memlib.core.dtypes import GB
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import estimate_training
+from memlib.core.families_moe import moe_params
+from memlib.core.params import count_params
+from memlib.measure.trace import trace_training
 
 
 #: Tiny configs of the families memlib traces through transformers (no download): traced on meta and on real
@@ -56,7 +56,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "olmo2": {**TINY_BASE, "model_type": "olmo2", "pad_token_id": 0},
     "gpt_neox": {**TINY_BASE, "model_type": "gpt_neox", "num_key_value_heads": 4},
     "falcon": {**TINY_BASE, "model_type": "falcon", "num_key_value_heads": 4},
-    # variants of the dense families (memlib/families_dense.py): layouts the base configs above do not reach
+    # variants of the dense families (memlib/core/families_dense.py): layouts the base configs above do not reach
     "gemma3_text (1 local : 1 global)": {**TINY_BASE, "model_type": "gemma3_text", "head_dim": 16, "sliding_window": 32,
                                          "sliding_window_pattern": 2},
     "phi3 (window 32)": {**TINY_BASE, "model_type": "phi3", "pad_token_id": 0, "sliding_window": 32},
@@ -82,7 +82,7 @@ def _estimate_or_none(model: Any, **kw: Any) -> Any:
         return None
 
 
-#: The MoE and MLA families (memlib.families_moe): their estimate is also checked against real routing on CPU.
+#: The MoE and MLA families (memlib.core.families_moe): their estimate is also checked against real routing on CPU.
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 

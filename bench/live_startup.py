@@ -4,7 +4,7 @@ after first use (Pyodide's 13 MB from a cold cache, memlib, one render) on a lap
 Opens the calculators of chapters 1, 2 and 7 and the numeric drills' flashcard in the built book in Debian's chromium (network
 blocked, a fresh profile per run, so every run starts cold), moves controls, and prints a Markdown table: the
 first result after first use and its phases (Pyodide runtime loaded, memlib imported), then the later updates
-as the page itself counts them (memlib.live.render in Pyodide + the DOM swap) and as seen from outside (action
+as the page itself counts them (memlib.viz.live.render in Pyodide + the DOM swap) and as seen from outside (action
 to new result, Playwright's round trips included). The CPU's load average is printed with it: on a shared
 machine the startup mostly measures the contention.
 Run (after the book build): python bench/live_startup.py [--runs 3] [--site _build/html]

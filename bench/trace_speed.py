@@ -3,7 +3,7 @@
 
 Prints, per model, the time of the whole command (a fresh process: Python start, imports, model builds, traced
 steps of the few-layer models the full-depth result is extrapolated from — DeepSeek-V3's three dense first layers
-included, see memlib.trace._extrapolate), best of N, and once the trace call alone inside one process and the full
+included, see memlib.measure.trace._extrapolate), best of N, and once the trace call alone inside one process and the full
 trace of every layer for comparison (the two results must be equal), plus the CPU time of the command (user + sys),
 which is less sensitive than wall time to other processes on a shared machine.
 Run: python bench/trace_speed.py [--models llama-2-70b,deepseek-v3,llama-3.1-405b] [--runs 3] [--no-full]
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-full", action="store_true", help="skip the full (every layer) trace")
     args = parser.parse_args(argv)
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     trace_training("gpt2", batch_size=1, seq_len=64)  # warm the imports for the in-process timings
     print("| model | seq | command, best of N (s) | command CPU (s) | all runs (s) | trace_training in process (s) | "

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from memlib.configs import load_config, shipped_models
-from memlib.estimate import estimate_training
+from memlib.core.configs import load_config, shipped_models
+from memlib.core.estimate import estimate_training
 
 
 def _attention(model: str) -> str:

@@ -162,7 +162,7 @@ _INSPECT_JS = """(rawMath) => {
   for (const m of maths) { if (!m.querySelector('mjx-container')) out.untypeset += 1; }
   for (const e of document.querySelectorAll('mjx-merror')) out.mathErrors.push(e.textContent.slice(0, 120));
   const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]');
-  // rendered ipywidgets, and the live calculators that replace them on the web page (memlib.live)
+  // rendered ipywidgets, and the live calculators that replace them on the web page (memlib.viz.live)
   out.widgets = views.length + document.querySelectorAll('.memlib-live').length;
   views.forEach((s, k) => {
     const box = s.previousElementSibling;

@@ -16,15 +16,15 @@ import pytest
 from checker import book_pages
 from live_check import LiveRun, Step, run_live
 
-from memlib import formats as fm
-from memlib.dtypes import GiB
-from memlib.estimate import estimate_training
-from memlib.inference import max_batch_size
-from memlib.live import offload_breakdown, plan_verdict, training_verdict
-from memlib.params import count_params
-from memlib.plan import plan
-from memlib.serve import serve
-from memlib.widgets_drills import next_card, reveal_card
+from memlib.core import formats as fm
+from memlib.core.dtypes import GiB
+from memlib.core.estimate import estimate_training
+from memlib.core.inference import max_batch_size
+from memlib.viz.live import offload_breakdown, plan_verdict, training_verdict
+from memlib.core.params import count_params
+from memlib.core.plan import plan
+from memlib.core.serve import serve
+from memlib.drills.widgets import next_card, reveal_card
 
 
 def _page(site: Path, prefix: str) -> str:

@@ -70,9 +70,9 @@ def part_training(env: dict[str, Any]) -> list[Path]:
     """Estimate vs meta trace vs the CUDA allocator for real training steps (Chapter 1's question, on a GPU)."""
     import torch
 
-    from memlib.configs import load_config
-    from memlib.estimate import estimate_training
-    from memlib.trace import trace_training
+    from memlib.core.configs import load_config
+    from memlib.core.estimate import estimate_training
+    from memlib.measure.trace import trace_training
 
     rows = []
     for model, overrides, b, s, precision, attention, recompute in TRAINING_CASES:
@@ -97,14 +97,14 @@ def part_training(env: dict[str, Any]) -> list[Path]:
 
 def part_checkpointing(env: dict[str, Any]) -> list[Path]:
     """Chapter 4's lab: largest batch with and without recomputation (OOM-catching search) vs memlib."""
-    from memlib.checkpointing import gpu_checkpointing_results
+    from memlib.measure.checkpointing import gpu_checkpointing_results
 
     return [_write("checkpointing.json", gpu_checkpointing_results())]
 
 
 def part_accumulation(env: dict[str, Any]) -> list[Path]:
     """Chapter 5: peak memory vs micro-batch and accumulation steps, with the CUDA allocator's peak."""
-    from memlib.accumulation import memory_sweep
+    from memlib.measure.accumulation import memory_sweep
 
     rows = memory_sweep("gpt2", seq_len=512, overrides={"n_layer": 4}, device="cuda")
     return [_write("05_accumulation_memory.json", {**env, "rows": rows})]
@@ -112,7 +112,7 @@ def part_accumulation(env: dict[str, Any]) -> list[Path]:
 
 def part_offload(env: dict[str, Any]) -> list[Path]:
     """Chapter 7: FSDP2 with and without CPUOffloadPolicy, CPU Adam throughput."""
-    from memlib.measure_offload import run_gpu_suite
+    from memlib.measure.offload import run_gpu_suite
 
     path = RESULTS / "07_offload.json"
     run_gpu_suite(path)
@@ -121,7 +121,7 @@ def part_offload(env: dict[str, Any]) -> list[Path]:
 
 def part_paged(env: dict[str, Any]) -> list[Path]:
     """Chapter 9: bitsandbytes PagedAdamW vs AdamW."""
-    from memlib.measure_quant import gpu_paged_adamw_run
+    from memlib.measure.quant import gpu_paged_adamw_run
 
     path = RESULTS / "09_paged_adamw.json"
     gpu_paged_adamw_run(path)
@@ -130,7 +130,7 @@ def part_paged(env: dict[str, Any]) -> list[Path]:
 
 def part_inference(env: dict[str, Any]) -> list[Path]:
     """Chapter 11: weights, KV cache and peak of a real prefill + decode."""
-    from memlib.measure_inference import measure_serving
+    from memlib.measure.inference import measure_serving
 
     r = measure_serving("qwen2-0.5b", device="cuda", batch_size=8, prompt_len=512, new_tokens=64, dtype="bf16")
     return [_write("inference_serving.json", {**env, **r})]
@@ -138,7 +138,7 @@ def part_inference(env: dict[str, Any]) -> list[Path]:
 
 def part_profiling(env: dict[str, Any]) -> list[Path]:
     """Chapter 12 and its lab: ops report, MFU of real steps, a CUDA memory snapshot timeline."""
-    from memlib.profiling import write_gpu_results
+    from memlib.measure.profiling import write_gpu_results
 
     return [Path(p) for p in write_gpu_results(RESULTS)]
 
@@ -165,13 +165,13 @@ PARTS: dict[str, Callable[[dict[str, Any]], list[Path]]] = {
 }
 
 # the functions each part calls, checked by --dry-run (and by tests/test_gpu_suite.py) without a GPU
-CALLS = {"training": ["memlib.trace:trace_training", "memlib.estimate:estimate_training"],
-         "checkpointing": ["memlib.checkpointing:gpu_checkpointing_results"],
-         "accumulation": ["memlib.accumulation:memory_sweep"],
-         "offload": ["memlib.measure_offload:run_gpu_suite"],
-         "paged": ["memlib.measure_quant:gpu_paged_adamw_run"],
-         "inference": ["memlib.measure_inference:measure_serving"],
-         "profiling": ["memlib.profiling:write_gpu_results"],
+CALLS = {"training": ["memlib.measure.trace:trace_training", "memlib.core.estimate:estimate_training"],
+         "checkpointing": ["memlib.measure.checkpointing:gpu_checkpointing_results"],
+         "accumulation": ["memlib.measure.accumulation:memory_sweep"],
+         "offload": ["memlib.measure.offload:run_gpu_suite"],
+         "paged": ["memlib.measure.quant:gpu_paged_adamw_run"],
+         "inference": ["memlib.measure.inference:measure_serving"],
+         "profiling": ["memlib.measure.profiling:write_gpu_results"],
          "notebook_labs": ["nbclient:NotebookClient", "nbformat:read"]}
 
 

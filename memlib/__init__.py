@@ -1,12 +1,12 @@
 """memlib: GPU memory estimates (pure Python) and measurements (PyTorch) for The GPU Memory Book."""
 from __future__ import annotations
 
-from .categories import MemCategory
-from .configs import ModelConfig, load_config, shipped_models
-from .dtypes import GB, GiB, dtype_bytes, format_bytes, parse_size
-from .errors import MemlibError
-from .params import ParamCount, count_params
-from .serve import ServeFit, serve
+from .core.categories import MemCategory
+from .core.configs import ModelConfig, load_config, shipped_models
+from .core.dtypes import GB, GiB, dtype_bytes, format_bytes, parse_size
+from .core.errors import MemlibError
+from .core.params import ParamCount, count_params
+from .core.serve import ServeFit, serve
 
 __all__ = [
     "GB",

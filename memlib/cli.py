@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from .configs import shipped_models
-from .dtypes import GB, GiB
-from .errors import MemlibError
+from .core.configs import shipped_models
+from .core.dtypes import GB, GiB
+from .core.errors import MemlibError
 
 __all__ = ["main", "build_parser"]
 
@@ -33,7 +33,7 @@ def _positive_int(text: str) -> int:
 
 def _parallel_flags(p: argparse.ArgumentParser) -> None:
     """Model-parallel degrees (Chapter 15): --gpus is the total, dp = gpus / (tp·pp·cp)."""
-    from .parallel import SCHEDULES
+    from .core.parallel import SCHEDULES
 
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
@@ -46,11 +46,11 @@ def _parallel_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
-    from .estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
-    from .lora import LORA_TARGETS, METHODS
-    from .gpus import gpu_names
-    from .plan import JOBS
-    from .dtypes import WEIGHT_FORMATS
+    from .core.estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
+    from .core.lora import LORA_TARGETS, METHODS
+    from .core.gpus import gpu_names
+    from .core.plan import JOBS
+    from .core.dtypes import WEIGHT_FORMATS
 
     models_help = f"shipped model ({', '.join(shipped_models(all_models=True))}) or path to a config.json"
     plan_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _parallel_flags(pl)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
-    from .serve import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    from .core.serve import (DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS,
                         DEFAULT_MAX_NUM_SEQS, SERVE_KV_DTYPES)
 
     sv = sub.add_parser("serve", help="vLLM-style serving budget: KV blocks and concurrent requests per GPU")
@@ -168,25 +168,25 @@ def _table(rows: list[tuple[str, Any]], title: str) -> str:
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.command == "params":
-        from .params import count_params
+        from .core.params import count_params
 
         pc = count_params(args.model)
         data = pc.as_dict()
-        from .configs import load_config
+        from .core.configs import load_config
 
         if load_config(args.model, any_family=True).moe is not None:  # MoE: what one token passes through
-            from .families_moe import moe_params
+            from .core.families_moe import moe_params
 
             data["active_params"] = moe_params(args.model).active
         return data, _table(list(data.items()), f"parameters of {args.model}")
     if args.command == "train":
-        from .estimate import estimate_training
+        from .core.estimate import estimate_training
 
         if args.model is None and args.params is None:
             raise MemlibError("give a model (shipped name or config.json) or --params N")
         attention = args.attention
         if attention is None:  # transformers has no sdpa attention for gemma2 (soft-capped logits)
-            from .configs import load_config
+            from .core.configs import load_config
 
             eager_only = args.model is not None and load_config(args.model).model_type == "gemma2"
             attention = "eager" if eager_only else "sdpa"
@@ -206,7 +206,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                      "activations; give a model (shipped name or config.json) to add them")
         return data, text
     if args.command == "infer":
-        from .estimate import estimate_inference
+        from .core.estimate import estimate_inference
 
         inf = estimate_inference(args.model, batch_size=args.batch, seq_len=args.seq, weights=args.weights,
                                  kv_dtype=args.kv_dtype)
@@ -215,12 +215,12 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         head = ", ".join(f"{k}={v}" for k, v in inf.settings.items())
         return data, _table(rows, f"inference memory ({head})")
     if args.command == "plan":
-        from .plan import plan
+        from .core.plan import plan
 
         if args.gpu is not None and args.gpu_mem is not None:
             raise MemlibError("give --gpu or --gpu-mem, not both")
         if args.gpu is not None:
-            from .gpus import get_gpu
+            from .core.gpus import get_gpu
 
             gpu_mem: int | str = get_gpu(args.gpu).memory_bytes
         else:
@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             raise MemlibError("--tp, --pp, --cp, --ep, --sequence-parallel, --micro-batches and --pp-schedule "
                               "need --parallel (the 3D/4D ladder)")
         if args.parallel:
-            from .plan import plan_parallel
+            from .core.plan import plan_parallel
 
             if args.job != "train":
                 raise MemlibError(f"--parallel plans job 'train', not {args.job!r}; expected --job train")
@@ -246,7 +246,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
         return result.as_dict(), _plan_text(result)
     if args.command == "serve":
-        from .serve import serve
+        from .core.serve import serve
 
         if (args.gpu is None) == (args.gpu_mem is None):
             raise MemlibError("give --gpu NAME or --gpu-mem SIZE (one of them)")
@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                     tensor_parallel=args.tp, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
                     prefix_cache_hit_rate=args.prefix_cache_hit_rate)
         return fit.as_dict(), _serve_text(fit)
-    from .trace import trace_training
+    from .measure.trace import trace_training
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
                          optimizer=args.optimizer, attention=args.attention, recompute=args.recompute)

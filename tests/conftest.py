@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture
 def expired_deadline() -> Callable[[Any, float, str], None]:
-    """A stand-in for ``memlib.procs.join_with_deadline`` whose deadline passes at once.
+    """A stand-in for ``memlib.measure.procs.join_with_deadline`` whose deadline passes at once.
 
     It kills and reaps the workers as the real one does on timeout, then raises its TimeoutError, so a test can
     check what a caller does with a timeout without racing the clock.

@@ -1,4 +1,4 @@
-"""Tests for memlib.accumulation (Chapter 5): equivalence, loss normalization, memory, FLOPs, DDP no_sync."""
+"""Tests for memlib.measure.accumulation (Chapter 5): equivalence, loss normalization, memory, FLOPs, DDP no_sync."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib import accumulation as acc
-from memlib.errors import MemlibError
+from memlib.measure import accumulation as acc
+from memlib.core.errors import MemlibError
 
 torch = pytest.importorskip("torch")
 
@@ -132,7 +132,7 @@ def test_peak_depends_on_micro_batch_not_on_k() -> None:
 
 
 def test_k1_trace_equals_trace_training() -> None:
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     a = acc.trace_accumulation("gpt2", micro_batch_size=2, accumulation_steps=1, seq_len=128, overrides=SMALL_GPT2)
     t = trace_training("gpt2", batch_size=2, seq_len=128, precision="bf16", optimizer="adamw", overrides=SMALL_GPT2)

@@ -1,4 +1,4 @@
-"""Tests for memlib.checkpointing (Chapter 4): the √N chain, recompute modes, FLOPs, offload, estimator agreement."""
+"""Tests for memlib.measure.checkpointing (Chapter 4): the √N chain, recompute modes, FLOPs, offload, estimator agreement."""
 from __future__ import annotations
 
 import math
@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.checkpointing import (apply_checkpointing, best_checkpoint_every, largest_batch, measure_offload,
+from memlib.measure.checkpointing import (apply_checkpointing, best_checkpoint_every, largest_batch, measure_offload,
                                   measure_recompute, measure_stack, segment_peak_bytes, stack_flops, step_flops,
                                   trace_recompute)
-from memlib.configs import load_config
-from memlib.errors import MemlibError
-from memlib.estimate import estimate_training
-from memlib.trace import trace_training
+from memlib.core.configs import load_config
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import estimate_training
+from memlib.measure.trace import trace_training
 
 TOL = 0.03  # estimate vs trace, the foundation's agreement
 
@@ -128,7 +128,7 @@ def test_segment_recompute_costs_one_layer_per_k() -> None:
     kw = dict(batch_size=2, seq_len=256, overrides={"num_hidden_layers": 4})
     peaks = [measure_recompute("llama-7b", recompute="full", checkpoint_every=k, **kw).activation_peak_bytes
              for k in (2, 3, 4)]
-    from memlib.estimate import activation_terms
+    from memlib.core.estimate import activation_terms
     per_layer = sum(t.bytes for t in activation_terms("llama-7b", batch_size=2, seq_len=256, precision="bf16")
                     if t.per_layer)
     # Going from k to k+1 re-materializes one more layer (less one segment input, b·s·h·2 bytes, for 3 → 4).

@@ -44,7 +44,7 @@ def test_train_params_says_model_states_only(capsys: pytest.CaptureFixture) -> N
 
 @pytest.mark.parametrize("command", ["train", "infer", "params", "serve"])
 def test_help_lists_every_shipped_model(command: str) -> None:
-    from memlib.configs import shipped_models
+    from memlib.core.configs import shipped_models
 
     res = run(command, "--help")
     listed = "".join(res.stdout.split())  # argparse wraps the list anywhere between words

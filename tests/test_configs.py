@@ -4,14 +4,14 @@ import json
 import pytest
 
 import memlib
-from memlib.configs import BOOK_MODELS, load_config, shipped_models
+from memlib.core.configs import BOOK_MODELS, load_config, shipped_models
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from memlib.estimate import estimate_training  # noqa: E402
-from memlib.params import count_params  # noqa: E402
-from memlib.trace import build_model, trace_training  # noqa: E402
+from memlib.core.estimate import estimate_training  # noqa: E402
+from memlib.core.params import count_params  # noqa: E402
+from memlib.measure.trace import build_model, trace_training  # noqa: E402
 
 BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
@@ -126,7 +126,7 @@ def test_count_breakdown_adds_up_for_other_families() -> None:
 
 def test_native_families_keep_their_own_counter() -> None:
     assert load_config("llama-3.1-8b").native and load_config("qwen3-8b").native and load_config("olmo-2-7b").native
-    assert load_config("mixtral-8x7b").native and load_config("deepseek-v3").native  # memlib.families_moe
+    assert load_config("mixtral-8x7b").native and load_config("deepseek-v3").native  # memlib.core.families_moe
     assert load_config("llama-3.1-8b").max_positions == 131_072  # llama3 rope scaling: 8 × 8,192 stated already
     assert load_config({**TINY["qwen3"], "head_dim": None}).head_dim == 128  # Qwen3Config's default
 
@@ -193,9 +193,9 @@ def test_sliding_window_sdpa_mask_is_estimated(precision: str) -> None:
         est = estimate_training("mistral-7b", **kw)
         traced = trace_training("mistral-7b", **kw)
         assert abs(est.total_bytes - traced.peak_bytes) <= 1e-5 * traced.peak_bytes
-    terms = {t.name: t.bytes for t in memlib.estimate.activation_terms("mistral-7b", batch_size=1, seq_len=4096)}
+    terms = {t.name: t.bytes for t in memlib.core.estimate.activation_terms("mistral-7b", batch_size=1, seq_len=4096)}
     assert terms["sliding-window additive mask"] == 2 * 4096**2
-    assert "sliding-window additive mask" not in {t.name for t in memlib.estimate.activation_terms(
+    assert "sliding-window additive mask" not in {t.name for t in memlib.core.estimate.activation_terms(
         "mistral-7b", batch_size=1, seq_len=4095)}
 
 

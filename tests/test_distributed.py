@@ -1,12 +1,12 @@
-"""Real sharded training on gloo (memlib.distributed): memory per rank vs memlib, identical losses, traffic."""
+"""Real sharded training on gloo (memlib.measure.distributed): memory per rank vs memlib, identical losses, traffic."""
 import json
 import multiprocessing
 
 import pytest
 
 from memlib import MemlibError
-from memlib import distributed
-from memlib.distributed import (
+from memlib.measure import distributed
+from memlib.measure.distributed import (
     STRATEGIES,
     STRATEGY_STAGE,
     TINY_LLAMA,
@@ -16,10 +16,10 @@ from memlib.distributed import (
     reference_losses,
     run_sharded,
 )
-from memlib.estimate import estimate_training
-from memlib.params import count_params
-from memlib.procs import idle_worker, join_with_deadline
-from memlib.zero import comm_volume, deepspeed_zero2_bytes, deepspeed_zero3_bytes, fsdp_peak_bytes
+from memlib.core.estimate import estimate_training
+from memlib.core.params import count_params
+from memlib.measure.procs import idle_worker, join_with_deadline
+from memlib.core.zero import comm_volume, deepspeed_zero2_bytes, deepspeed_zero3_bytes, fsdp_peak_bytes
 
 PC = count_params(TINY_LLAMA)
 PSI = PC.params

@@ -38,11 +38,11 @@ from memlib.drills import (
     render_answer,
     score,
 )
-from memlib.configs import load_config
-from memlib.estimate import estimate_inference, estimate_training, korthikanti_activation_bytes
-from memlib.flops import matmul_params, palm_flops
-from memlib.params import count_params
-from memlib.widgets_drills import check_card, next_card, reveal_card
+from memlib.core.configs import load_config
+from memlib.core.estimate import estimate_inference, estimate_training, korthikanti_activation_bytes
+from memlib.core.flops import matmul_params, palm_flops
+from memlib.core.params import count_params
+from memlib.drills.widgets import check_card, next_card, reveal_card
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -408,7 +408,7 @@ def test_core_does_not_import_torch_or_widgets() -> None:
 
 
 def test_serving_questions_and_drills_use_memlib_serve() -> None:
-    from memlib.serve import decode_latency_s, serve
+    from memlib.core.serve import decode_latency_s, serve
 
     serving = questions(chapter=14)
     topics = {q.topic for q in serving}

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib import GB, MemlibError, load_config
-from memlib.estimate import (
+from memlib.core.estimate import (
     OPTIMIZERS,
     PRECISIONS,
     activation_terms,
@@ -78,7 +78,7 @@ def test_rules_of_thumb() -> None:
 
 
 def test_adamw_8bit_states() -> None:
-    from memlib.params import count_params
+    from memlib.core.params import count_params
 
     pc = count_params("llama-2-7b")
     est = estimate_training("llama-2-7b", precision="bf16", optimizer="adamw-8bit")

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from memlib import MemlibError, count_params, load_config, shipped_models
 from memlib.cli import main
-from memlib.estimate import estimate_training
-from memlib.lora import frozen_linear_params, lora_params, qlora_base_bytes
+from memlib.core.estimate import estimate_training
+from memlib.core.lora import frozen_linear_params, lora_params, qlora_base_bytes
 
 
 def test_lora_params_llama2_7b_matches_the_published_peft_count() -> None:
@@ -83,7 +83,7 @@ def test_checkpoint_every_one_is_full_recompute_and_sqrt_n_is_the_optimum() -> N
     # stored inputs shrink as ceil(L/k): the saved activations never grow with k
     assert all(acts[k + 1] <= acts[k] for k in range(1, L))
     # kept + re-materialized has its minimum near sqrt(L * input / per_layer), not at 1 or L
-    from memlib.estimate import _sum_terms, activation_terms
+    from memlib.core.estimate import _sum_terms, activation_terms
 
     per_layer, _ = _sum_terms(activation_terms("llama-2-7b", batch_size=1, seq_len=4096))
     layer_input = 2 * 4096 * 4096

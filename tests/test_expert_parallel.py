@@ -6,14 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib.cli import main
-from memlib.configs import load_config
-from memlib.errors import MemlibError
-from memlib.estimate import estimate_training
-from memlib.families_moe import moe_params
-from memlib.params import count_params
-from memlib.parallel import check_layout, expert_parallel_bytes, moe_stage_params
-from memlib.plan import plan_parallel
-from memlib.dtypes import GiB
+from memlib.core.configs import load_config
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import estimate_training
+from memlib.core.families_moe import moe_params
+from memlib.core.params import count_params
+from memlib.core.parallel import check_layout, expert_parallel_bytes, moe_stage_params
+from memlib.core.plan import plan_parallel
+from memlib.core.dtypes import GiB
 
 MOE = ("mixtral-8x7b", "deepseek-v2-lite", "qwen3-30b-a3b")
 
@@ -91,7 +91,7 @@ def test_more_ep_never_more_state_memory(model: str, zero: int, gpus: int, tp: i
     kw = dict(num_gpus=gpus, zero_stage=zero, tp=tp, pp=pp, seq_len=256, micro_batches=4 if pp > 1 else 1)
     states = [_states(estimate_training(cfg, ep=e, **kw)) for e in eps]
     assert states[1:] == sorted(states[1:], reverse=True)  # ep > 1: the layer-by-layer count of moe_stage_params
-    # ep = 1 keeps today's count (memlib.parallel.stage_params for tp or pp > 1, which splits Qwen3-MoE's
+    # ep = 1 keeps today's count (memlib.core.parallel.stage_params for tp or pp > 1, which splits Qwen3-MoE's
     # per-head q/k norms over tp: a few KB below the layer-by-layer count)
     assert len(states) == 1 or states[1] <= states[0] * (1 + 1e-6)
 

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from memlib import MemlibError
 from memlib.cli import main
-from memlib.configs import DENSE_FAMILIES, load_config, shipped_models
-from memlib.estimate import activation_terms, estimate_inference, estimate_training
-from memlib.inference import kv_bytes_per_token, kv_cache_bytes, kv_cached_tokens
-from memlib.params import _count_built, count_params
-from memlib.serve import serve
+from memlib.core.configs import DENSE_FAMILIES, load_config, shipped_models
+from memlib.core.estimate import activation_terms, estimate_inference, estimate_training
+from memlib.core.inference import kv_bytes_per_token, kv_cache_bytes, kv_cached_tokens
+from memlib.core.params import _count_built, count_params
+from memlib.core.serve import serve
 
 #: The shipped configs of the dense families (every test below iterates over these).
 DENSE_MODELS = [m for m in shipped_models(all_models=True)
@@ -105,7 +105,7 @@ def test_param_counts_of_the_shipped_dense_models() -> None:
 def test_estimate_equals_the_meta_trace_of_tiny_configs(name: str) -> None:
     """Estimate vs the traced peak within 0.5 % (measured: ≤ 0.1 %), eager and sdpa, batch 1 and 4."""
     pytest.importorskip("transformers")
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     cfg = TINY_DENSE[name]
     for attention in ("eager", "sdpa"):
@@ -251,8 +251,8 @@ def test_cli_serve_and_infer_gemma2(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_dense_families_need_no_torch() -> None:
-    code = ("import sys; from memlib.estimate import activation_terms, estimate_inference; "
-            "from memlib.params import count_params; activation_terms('gemma-3-27b'); count_params('falcon-7b'); "
+    code = ("import sys; from memlib.core.estimate import activation_terms, estimate_inference; "
+            "from memlib.core.params import count_params; activation_terms('gemma-3-27b'); count_params('falcon-7b'); "
             "estimate_inference('gemma-2-9b', seq_len=8192); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

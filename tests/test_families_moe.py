@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memlib
-from memlib.configs import MOE_MODEL_TYPES, load_config, shipped_models
-from memlib.estimate import activation_terms, estimate_inference, estimate_training
-from memlib.families_moe import count_params_moe, kv_elements_per_token, moe_params
-from memlib.inference import kv_bytes_per_token
-from memlib.params import count_params
-from memlib.serve import serve, serve_kv_bytes_per_token
+from memlib.core.configs import MOE_MODEL_TYPES, load_config, shipped_models
+from memlib.core.estimate import activation_terms, estimate_inference, estimate_training
+from memlib.core.families_moe import count_params_moe, kv_elements_per_token, moe_params
+from memlib.core.inference import kv_bytes_per_token
+from memlib.core.params import count_params
+from memlib.core.serve import serve, serve_kv_bytes_per_token
 
 BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
@@ -63,7 +63,7 @@ def test_bad_moe_fields_give_one_line(change: dict, message: str) -> None:
 @pytest.mark.parametrize("name", SHIPPED + sorted(TINY))
 def test_params_equal_the_built_class(name: str) -> None:
     pytest.importorskip("transformers")
-    from memlib.params import _count_built
+    from memlib.core.params import _count_built
 
     cfg = load_config(TINY.get(name, name))
     # the pure formula (count_params dispatches to it) equals the class built on the meta device, field by field
@@ -99,7 +99,7 @@ def test_param_count_grows_by_one_expert_per_moe_layer(experts: int, top_k: int,
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_estimate_equals_meta_trace(family: str, attention: str) -> None:
     pytest.importorskip("transformers")
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     for batch in (1, 4):
         kw = dict(batch_size=batch, seq_len=128, precision="bf16", optimizer="sgd", attention=attention)
@@ -113,7 +113,7 @@ def test_estimate_equals_meta_trace(family: str, attention: str) -> None:
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_estimate_equals_meta_trace_other_precisions(family: str, precision: str) -> None:
     pytest.importorskip("transformers")
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     # fp32: 4-byte activations (the routing weights and DeepSeek's fp32 router copies change with it)
     kw = dict(batch_size=2, seq_len=128, precision=precision, optimizer="adamw", attention="sdpa")
@@ -125,10 +125,10 @@ def test_estimate_equals_meta_trace_other_precisions(family: str, precision: str
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_moe_peak_late_in_the_backward(first_dense: int, attention: str) -> None:
     pytest.importorskip("transformers")
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     # A shallow DeepSeek-V3 (6 layers, full width): each MoE layer's gradients (all 256 experts) outweigh its
-    # activations, so the peak sits at the bottom of the backward sweep (memlib.families_moe.bottom_backward_bytes)
+    # activations, so the peak sits at the bottom of the backward sweep (memlib.core.families_moe.bottom_backward_bytes)
     cfg = {**load_config("deepseek-v3").raw, "num_hidden_layers": 6, "first_k_dense_replace": first_dense}
     kw = dict(batch_size=4, seq_len=2048, precision="bf16", optimizer="sgd", attention=attention)
     est, traced = estimate_training(cfg, **kw), trace_training(cfg, **kw)
@@ -138,7 +138,7 @@ def test_moe_peak_late_in_the_backward(first_dense: int, attention: str) -> None
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
 def test_estimate_within_10_percent_of_real_routing_on_cpu(family: str) -> None:
     pytest.importorskip("transformers")
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     kw = dict(batch_size=4, seq_len=64, precision="bf16", optimizer="adamw", attention="sdpa")
     cpu = trace_training(TINY[family], device="cpu", **kw)  # real tensors, the router's own (unbalanced) choice
@@ -201,6 +201,6 @@ def test_cli_answers_for_every_shipped_moe_model(command: list[str]) -> None:
 
 
 def test_families_moe_is_pure() -> None:
-    code = ("import sys, memlib.families_moe, memlib.estimate; memlib.estimate.estimate_training('deepseek-v3'); "
+    code = ("import sys, memlib.core.families_moe, memlib.core.estimate; memlib.core.estimate.estimate_training('deepseek-v3'); "
             "assert 'torch' not in sys.modules, 'heavy import'")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,4 +1,4 @@
-"""Tests of memlib.flash: exactness, backward, autograd wrapper, IO counts and measured memory slopes (Chapter 10)."""
+"""Tests of memlib.measure.flash: exactness, backward, autograd wrapper, IO counts and measured memory slopes (Chapter 10)."""
 from __future__ import annotations
 
 import math
@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.errors import MemlibError
-from memlib.flash import (
+from memlib.core.errors import MemlibError
+from memlib.measure.flash import (
     AttentionIO,
     FlashAttentionFn,
     attention_flops,
@@ -224,6 +224,6 @@ def test_meta_trace_equals_cpu_trace() -> None:
 
 
 def test_imports_stay_light() -> None:
-    code = ("import sys, memlib; assert 'memlib.flash' not in sys.modules; import memlib.flash; "
-            "assert 'torch' not in sys.modules; memlib.flash.flash_io_bytes(1024, 64, 4096)")
+    code = ("import sys, memlib; assert 'memlib.measure.flash' not in sys.modules; import memlib.measure.flash; "
+            "assert 'torch' not in sys.modules; memlib.measure.flash.flash_io_bytes(1024, 64, 4096)")
     subprocess.run([sys.executable, "-c", code], check=True)

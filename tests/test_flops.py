@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.configs import load_config, shipped_models
-from memlib.errors import MemlibError
-from memlib.flops import (
+from memlib.core.configs import load_config, shipped_models
+from memlib.core.errors import MemlibError
+from memlib.core.flops import (
     attainable_flops,
     forward_flops,
     hfu,
@@ -27,11 +27,11 @@ from memlib.flops import (
     training_flops,
     utilization,
 )
-from memlib.params import count_params
+from memlib.core.params import count_params
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from memlib.profiling import count_training_flops  # noqa: E402
+from memlib.measure.profiling import count_training_flops  # noqa: E402
 
 BATCH = 2
 

@@ -1,4 +1,4 @@
-"""memlib.formats against PyTorch: bit-exact rounding, bit patterns, finfo, and property tests (Chapter 2)."""
+"""memlib.core.formats against PyTorch: bit-exact rounding, bit patterns, finfo, and property tests (Chapter 2)."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.dtypes import FLOAT_FORMATS
-from memlib.errors import MemlibError
-from memlib.formats import (
+from memlib.core.dtypes import FLOAT_FORMATS
+from memlib.core.errors import MemlibError
+from memlib.core.formats import (
     FORMAT_NAMES,
     decode,
     encode,

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memlib.errors import MemlibError
-from memlib.gpus import GPUS, get_gpu, gpu_names, match_gpu
+from memlib.core.errors import MemlibError
+from memlib.core.gpus import GPUS, get_gpu, gpu_names, match_gpu
 
 EXPECTED = {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "l40s", "h100-sxm",
             "h100-pcie", "h200"}
@@ -75,8 +75,8 @@ def test_lookup_roundtrip(name: str) -> None:
 
 def test_capacities_are_binary_and_one_table() -> None:
     # DRAM chips and HBM stacks come in powers of two: the datasheet's "24 GB" is 24 GiB (nvidia-smi: 24,576 MiB
-    # on a 3090), "80 GB" is 80 GiB; memlib.inference.GPU_MEMORY is this table, not a second one.
-    from memlib.inference import GPU_MEMORY
+    # on a 3090), "80 GB" is 80 GiB; memlib.core.inference.GPU_MEMORY is this table, not a second one.
+    from memlib.core.inference import GPU_MEMORY
 
     for name in ("rtx-3090", "rtx-4090", "a10", "l4"):
         assert get_gpu(name).memory_bytes == 24 * 2**30

@@ -1,4 +1,4 @@
-"""Tests for Chapter 11's serving-memory core (memlib.inference), its figure/widget and its CPU measurements."""
+"""Tests for Chapter 11's serving-memory core (memlib.core.inference), its figure/widget and its CPU measurements."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib import GB, GiB, MemlibError, load_config
-from memlib.estimate import estimate_inference
-from memlib.inference import (
+from memlib.core.estimate import estimate_inference
+from memlib.core.inference import (
     DEFAULT_CUDA_CONTEXT,
     GPU_MEMORY,
     KV_LAYOUTS,
@@ -168,7 +168,7 @@ def test_reserve_terms() -> None:
 # --- quantization bits, paged KV ---------------------------------------------------------------------------
 
 def test_group_quant_bits_match_memlib_formats() -> None:
-    from memlib.dtypes import WEIGHT_FORMATS
+    from memlib.core.dtypes import WEIGHT_FORMATS
 
     assert group_quant_bits(4, 64, 32) / 8 == WEIGHT_FORMATS["int4"]
     assert group_quant_bits(4, 128, 16, 4) == 4 + 20 / 128
@@ -196,8 +196,8 @@ def test_frontier_figure_and_widget_callback() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from memlib.plots_inference import frontier_figure, serving_breakdown_figure
-    from memlib.widgets_inference import inference_view
+    from memlib.viz.plots_inference import frontier_figure, serving_breakdown_figure
+    from memlib.viz.widgets_inference import inference_view
 
     fig = frontier_figure("llama-2-7b", 24 * GiB, seq_lens=[1024, 2048, 4096, 8192], point=(2048, 8))
     ax = fig.axes[0]
@@ -231,7 +231,7 @@ def test_frontier_figure_and_widget_callback() -> None:
 
 def test_dynamic_cache_bytes_equal_formula() -> None:
     pytest.importorskip("transformers")
-    from memlib.measure_inference import measure_kv_cache
+    from memlib.measure.inference import measure_kv_cache
 
     rows = measure_kv_cache(kv_heads=(4, 1), batch_size=3, prompt_len=5, new_tokens=2, dtype="fp32")
     for r in rows:
@@ -242,7 +242,7 @@ def test_dynamic_cache_bytes_equal_formula() -> None:
 
 def test_bnb_int8_weights_measured() -> None:
     pytest.importorskip("bitsandbytes")
-    from memlib.measure_inference import measure_int8_weights, tiny_llama_config
+    from memlib.measure.inference import measure_int8_weights, tiny_llama_config
 
     cfg = tiny_llama_config(hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=256,
                             vocab_size=256)
@@ -259,7 +259,7 @@ def test_bnb_int8_weights_measured() -> None:
 
 def test_measure_serving_on_cpu() -> None:
     pytest.importorskip("transformers")
-    from memlib.measure_inference import measure_serving, tiny_llama_config
+    from memlib.measure.inference import measure_serving, tiny_llama_config
 
     cfg = tiny_llama_config(num_kv_heads=2)
     r = measure_serving(cfg, device="cpu", batch_size=2, prompt_len=6, new_tokens=3, dtype="fp32")
@@ -274,7 +274,7 @@ def test_measure_serving_on_cpu() -> None:
                                              ("qwen2-0.5b", 2, 512), ("qwen2-0.5b", 4, 128), ("gemma-2b", 1, 512)])
 def test_activation_formula_vs_trace(model: str, batch: int, seq: int) -> None:
     pytest.importorskip("transformers")
-    from memlib.measure_inference import measure_forward_peak
+    from memlib.measure.inference import measure_forward_peak
 
     traced = measure_forward_peak(model, batch_size=batch, seq_len=seq)
     est = forward_activation_bytes(model, batch * seq, batch)

@@ -1,4 +1,4 @@
-"""memlib.live: the HTML calculators the book runs under Pyodide (pure; no browser needed here)."""
+"""memlib.viz.live: the HTML calculators the book runs under Pyodide (pure; no browser needed here)."""
 from __future__ import annotations
 
 import json
@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.errors import MemlibError
-from memlib.estimate import OPTIMIZERS, PRECISIONS, estimate_training
-from memlib import formats as fm
-from memlib.live import LIVE_KINDS, LIVE_MODULES, OFFLOAD_PARTS, offload_breakdown, render, training_verdict
-from memlib.offload import offload_step_time
-from memlib.params import count_params
-from memlib.widgets import training_view
-from memlib.widgets_drills import next_card, reveal_card
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import OPTIMIZERS, PRECISIONS, estimate_training
+from memlib.core import formats as fm
+from memlib.viz.live import LIVE_KINDS, LIVE_MODULES, OFFLOAD_PARTS, offload_breakdown, render, training_verdict
+from memlib.core.offload import offload_step_time
+from memlib.core.params import count_params
+from memlib.viz.widgets import training_view
+from memlib.drills.widgets import next_card, reveal_card
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("numpy", "torch", "matplotlib", "ipywidgets", "transformers", "scipy", "pandas", "IPython")
@@ -134,14 +134,15 @@ def test_the_browser_zip_imports_with_the_standard_library_only(tmp_path: Path) 
     with zipfile.ZipFile(__import__("io").BytesIO(data)) as zf:
         names = zf.namelist()
         zf.extractall(tmp_path)
-    assert {f"memlib/{m}.py" for m in LIVE_MODULES} <= set(names) and "memlib/configs/gpt2.json" in names
+    assert {f"memlib/{m}.py" for m in LIVE_MODULES} <= set(names) and "memlib/core/configs/gpt2.json" in names
     code = (f"import sys\nfor m in {HEAVY!r}: sys.modules[m] = None\nsys.path.insert(0, {str(tmp_path)!r})\n"
-            "import memlib.live as L\nassert L.__file__.startswith(sys.path[0]), L.__file__\n"
+            "import memlib.viz.live as L\nassert L.__file__.startswith(sys.path[0]), L.__file__\n"
             "for k in L.LIVE_KINDS: L.render(k, live=True)\n"
-            "print(sorted(m[7:] for m in sys.modules if m.startswith('memlib.')))")
+            "import os\nprint(sorted(os.path.relpath(m.__file__, os.path.join(sys.path[0], 'memlib'))[:-3]\n"
+            "             for n, m in sys.modules.items() if n == 'memlib' or n.startswith('memlib.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     imported = set(eval(out.stdout))  # noqa: S307 (our own subprocess's list)
-    assert imported <= set(LIVE_MODULES) and "live" in imported
+    assert imported <= set(LIVE_MODULES) and "viz/live" in imported
 
 
 # ------------------------------------------------------------------------------------- Chapter 2: format
@@ -193,8 +194,8 @@ def test_offload_calculator_shows_memlibs_overhead() -> None:
 
 # ------------------------------------------------------------------------------ Chapter 11: serving fit
 def test_serving_fit_calculator_shows_the_inference_limits() -> None:
-    from memlib.inference import max_batch_size, max_seq_len
-    from memlib.widgets_inference import inference_view
+    from memlib.core.inference import max_batch_size, max_seq_len
+    from memlib.viz.widgets_inference import inference_view
 
     html = render("serving_fit", {"model": "llama-7b", "gpu_memory_gib": "24.0", "weights": "int8", "seq_len": "2048",
                             "batch_size": "16"}, live=True)
@@ -210,8 +211,8 @@ def test_serving_fit_calculator_shows_the_inference_limits() -> None:
 
 # ------------------------------------------------------------------------------- Chapter 14: vLLM budget
 def test_serve_calculator_draws_serves_budget_and_users() -> None:
-    from memlib.live import serve_parts
-    from memlib.serve import serve
+    from memlib.viz.live import serve_parts
+    from memlib.core.serve import serve
 
     html = render("serve", {"model": "llama-3-8b", "gpu": "h100-sxm", "max_model_len": "8192"}, live=True)
     fit = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192)
@@ -229,9 +230,9 @@ def test_serve_calculator_draws_serves_budget_and_users() -> None:
 
 # ------------------------------------------------------------------------------------- Chapter 13: planner
 def test_plan_calculator_shows_the_ladder_and_the_widgets_verdict() -> None:
-    from memlib.live import plan_verdict
-    from memlib.plan import plan
-    from memlib.widgets_plan import plan_view
+    from memlib.viz.live import plan_verdict
+    from memlib.core.plan import plan
+    from memlib.viz.widgets_plan import plan_view
 
     html = render("plan", {"model": "llama-2-7b", "job": "train", "num_gpus": "8", "gpu_memory_gib": "80.0"},
                   live=True)

@@ -1,19 +1,19 @@
-"""LoRA accounting (memlib.lora, estimate_training(method=...)) against peft 0.21 and a traced LoRA step."""
+"""LoRA accounting (memlib.core.lora, estimate_training(method=...)) against peft 0.21 and a traced LoRA step."""
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-from memlib.configs import load_config, shipped_models
-from memlib.errors import MemlibError
-from memlib.estimate import activation_terms, estimate_training
-from memlib.lora import lora_params, qlora_base_bytes, targeted_linears as _targeted
+from memlib.core.configs import load_config, shipped_models
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import activation_terms, estimate_training
+from memlib.core.lora import lora_params, qlora_base_bytes, targeted_linears as _targeted
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-from memlib.measure_quant import peft_lora_model, peft_trainable_params, trace_lora_step  # noqa: E402
+from memlib.measure.quant import peft_lora_model, peft_trainable_params, trace_lora_step  # noqa: E402
 
 TINY_LLAMA = {**load_config("llama-2-7b").raw, "num_hidden_layers": 2, "hidden_size": 256,
               "intermediate_size": 688, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
@@ -94,8 +94,8 @@ def test_traced_lora_activations_follow_the_frozen_weight_rule(targets: str) -> 
 
 @pytest.mark.parametrize("double_quant", [True])
 def test_qlora_base_bytes_equal_bitsandbytes_linear4bit(double_quant: bool) -> None:
-    from memlib.measure_quant import nf4_model_bytes, quantize_linears_nf4
-    from memlib.trace import build_model
+    from memlib.measure.quant import nf4_model_bytes, quantize_linears_nf4
+    from memlib.measure.trace import build_model
 
     net = quantize_linears_nf4(build_model(TINY_LLAMA, device="cpu", dtype="bf16"), double_quant=double_quant)
     measured = nf4_model_bytes(net)

@@ -1,4 +1,4 @@
-"""Real TP, SP, PP, CP and EP runs on 2 CPU gloo processes against memlib.parallel's estimates (Chapter 15)."""
+"""Real TP, SP, PP, CP and EP runs on 2 CPU gloo processes against memlib.core.parallel's estimates (Chapter 15)."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from memlib.errors import MemlibError  # noqa: E402
-from memlib.measure_parallel import BUBBLE_TOLERANCE, SavedBytes, run_parallel  # noqa: E402
+from memlib.core.errors import MemlibError  # noqa: E402
+from memlib.measure.parallel import BUBBLE_TOLERANCE, SavedBytes, run_parallel  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib import GB, MemlibError
-from memlib.estimate import estimate_training
-from memlib.offload import (
+from memlib.core.estimate import estimate_training
+from memlib.core.offload import (
     GPU_PEAK_FLOPS,
     LINK_BANDWIDTH,
     hiding_tokens,
@@ -55,7 +55,7 @@ def test_placement_bad_input() -> None:
 
 def test_estimator_cpu_bytes_match_deepspeed() -> None:
     """Host memory: estimate_training's cpu_bytes = DeepSpeed's estimator without its 1.5 buffer factor."""
-    from memlib.measure_offload import deepspeed_offload_estimators
+    from memlib.measure.offload import deepspeed_offload_estimators
 
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("DeepSpeed not installed")
@@ -234,7 +234,7 @@ def test_tables_are_sane() -> None:
 def test_cpu_adam_measurement_runs() -> None:
     """The measurement helper times a real torch AdamW step on the CPU (small, fast)."""
     pytest.importorskip("torch")
-    from memlib.measure_offload import cpu_adam_throughput
+    from memlib.measure.offload import cpu_adam_throughput
 
     r = cpu_adam_throughput(40_000, steps=2, threads=1)
     assert r["n_params"] == 40_000 and r["params_per_s"] > 1e5
@@ -245,7 +245,7 @@ def test_cpu_adam_measurement_runs() -> None:
 def test_fsdp2_offload_code_path_on_cpu() -> None:
     """FSDP2 with CPUOffloadPolicy runs end to end (gloo, one rank); on the CPU it only checks the code path."""
     torch = pytest.importorskip("torch")
-    from memlib.measure_offload import fsdp2_offload_run
+    from memlib.measure.offload import fsdp2_offload_run
 
     kw = {"device": "cpu", "hidden": 32, "layers": 1, "vocab": 64, "batch_size": 2, "seq_len": 8, "steps": 2}
     with_offload = fsdp2_offload_run(offload=True, **kw)
@@ -260,7 +260,7 @@ def test_fsdp2_offload_code_path_on_cpu() -> None:
 def test_copy_counter_counts_cross_device_bytes() -> None:
     """The counter behind the GPU run's PCIe byte counts: cross-device copies only, by direction."""
     torch = pytest.importorskip("torch")
-    from memlib.measure_offload import copy_counter
+    from memlib.measure.offload import copy_counter
 
     x = torch.randn(1000)                                   # fp32: 4,000 bytes
     with copy_counter() as c:

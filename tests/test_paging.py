@@ -1,12 +1,12 @@
-"""memlib.paging: the paged-optimizer simulation's bookkeeping and invariants."""
+"""memlib.core.paging: the paged-optimizer simulation's bookkeeping and invariants."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.errors import MemlibError
-from memlib.paging import UM_PAGE_BYTES, simulate_paging
+from memlib.core.errors import MemlibError
+from memlib.core.paging import UM_PAGE_BYTES, simulate_paging
 
 MiB = 2**20
 

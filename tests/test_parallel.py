@@ -1,4 +1,4 @@
-"""The pure parallelism model (memlib.parallel): Korthikanti's formulas, bubbles, layouts, bad input (Chapter 15)."""
+"""The pure parallelism model (memlib.core.parallel): Korthikanti's formulas, bubbles, layouts, bad input (Chapter 15)."""
 from __future__ import annotations
 
 import subprocess
@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib.cli import main
-from memlib.configs import load_config
-from memlib.errors import MemlibError
-from memlib.estimate import activation_terms, estimate_training, korthikanti_activation_bytes
-from memlib.parallel import (Layout, bubble_fraction, check_layout, comm_bytes_per_layer, expert_parallel_bytes,
+from memlib.core.configs import load_config
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import activation_terms, estimate_training, korthikanti_activation_bytes
+from memlib.core.parallel import (Layout, bubble_fraction, check_layout, comm_bytes_per_layer, expert_parallel_bytes,
                              in_flight, korthikanti_layer_bytes, split_terms, stage_layers, stage_params, term_split,
                              valid_tp)
-from memlib.params import count_params
+from memlib.core.params import count_params
 
 
 def test_korthikanti_table2() -> None:
@@ -187,12 +187,12 @@ def test_cli_exit_2_no_traceback() -> None:
 
 
 def test_parallel_does_not_import_torch() -> None:
-    code = "import sys, memlib.parallel, memlib.estimate; assert 'torch' not in sys.modules"
+    code = "import sys, memlib.core.parallel, memlib.core.estimate; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
 def test_plan_parallel_uses_valid_degrees_only() -> None:
-    from memlib.plan import plan_parallel
+    from memlib.core.plan import plan_parallel
 
     for model, n in (("llama-3.1-70b", 64), ("llama-3.1-405b", 128), ("llama-3.1-8b", 8)):
         p = plan_parallel(model, num_gpus=n, seq_len=8192)
@@ -208,7 +208,7 @@ def test_plan_parallel_uses_valid_degrees_only() -> None:
 def test_plan_parallel_llama3_recipes() -> None:
     """Llama 3 (Dubey et al. 2024, Table 4): 405B at 8K tokens uses TP 8 inside a node and PP across nodes;
     long context (128K) adds CP 16 on thousands of GPUs."""
-    from memlib.plan import plan_parallel
+    from memlib.core.plan import plan_parallel
 
     p = plan_parallel("llama-3.1-405b", num_gpus=128, seq_len=8192)
     assert p.chosen is not None and p.chosen.settings["tp"] == 8 and p.chosen.settings["pp"] > 1
@@ -219,7 +219,7 @@ def test_plan_parallel_llama3_recipes() -> None:
 
 
 def test_plan_parallel_tp_beats_zero3_when_activations_overflow() -> None:
-    from memlib.plan import plan_parallel
+    from memlib.core.plan import plan_parallel
 
     p = plan_parallel("llama-3.1-8b", num_gpus=8, seq_len=8192)
     assert [s.technique for s in p.steps][:2] == ["data parallel + ZeRO-1", "ZeRO-3 / FSDP"]

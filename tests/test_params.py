@@ -4,8 +4,8 @@ import json
 import pytest
 
 import memlib
-from memlib.configs import load_config, shipped_models
-from memlib.params import count_params
+from memlib.core.configs import load_config, shipped_models
+from memlib.core.params import count_params
 
 PUBLISHED = {  # ../shared/REFERENCES.md: counts of the transformers classes
     "gpt2": 124_439_808,
@@ -29,7 +29,7 @@ def test_published_counts(name: str) -> None:
 @pytest.mark.parametrize("name", shipped_models(all_models=True))
 def test_counts_equal_transformers(name: str) -> None:
     torch = pytest.importorskip("torch")
-    from memlib.trace import build_model
+    from memlib.measure.trace import build_model
 
     net = build_model(name, device="meta", attention="eager")
     tensors = list(net.parameters())

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from memlib import GB, GiB, MemlibError
 from memlib.cli import main
-from memlib.estimate import estimate_inference, estimate_training
-from memlib.configs import load_config
-from memlib.gpus import get_gpu
-from memlib.inference import reserve_bytes, serving_fit
-from memlib.plan import DEFAULT_RESERVE, PRIORITY, plan
+from memlib.core.estimate import estimate_inference, estimate_training
+from memlib.core.configs import load_config
+from memlib.core.gpus import get_gpu
+from memlib.core.inference import reserve_bytes, serving_fit
+from memlib.core.plan import DEFAULT_RESERVE, PRIORITY, plan
 
 SCENARIOS = [
     ("gpt2", dict(num_gpus=1, batch_size=8, seq_len=1024)),
@@ -230,7 +230,7 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_plan_gpu_from_the_spec_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from memlib.gpus import get_gpu
+    from memlib.core.gpus import get_gpu
 
     assert main(["plan", "llama-2-7b", "--gpu", "rtx-4090", "--job", "qlora", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -262,8 +262,8 @@ def test_ladder_figure_and_widget_callback() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from memlib.plots_plan import decision_flow_figure, ladder_figure
-    from memlib.widgets_plan import plan_view
+    from memlib.viz.plots_plan import decision_flow_figure, ladder_figure
+    from memlib.viz.widgets_plan import plan_view
 
     result, fig, verdict = plan_view("llama-2-7b", "train", 8, 80.0, 4, 2048)
     assert verdict.startswith("fits") and "ZeRO-2" in verdict and result.inputs["gpu_memory"] == 80 * GiB

@@ -1,8 +1,8 @@
-"""Tests for memlib.plots: the Chapter 1 stacked bars show what is live at the peak."""
+"""Tests for memlib.viz.plots: the Chapter 1 stacked bars show what is live at the peak."""
 import pytest
 
-from memlib.estimate import estimate_training
-from memlib.plots import peak_composition, training_breakdown_figure
+from memlib.core.estimate import estimate_training
+from memlib.viz.plots import peak_composition, training_breakdown_figure
 
 SETTINGS = [dict(precision="fp32"), dict(precision="bf16-mixed"),
             dict(precision="bf16-mixed", zero_stage=3, num_gpus=8), dict(precision="bf16-mixed", optimizer="adamw-8bit")]

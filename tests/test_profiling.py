@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from memlib.errors import MemlibError
-from memlib.flops import forward_flops, op_intensities, training_flops
-from memlib.gpus import get_gpu
-from memlib.params import count_params
+from memlib.core.errors import MemlibError
+from memlib.core.flops import forward_flops, op_intensities, training_flops
+from memlib.core.gpus import get_gpu
+from memlib.core.params import count_params
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from memlib import profiling  # noqa: E402
-from memlib.plots_profiling import memory_timeline_figure, roofline_figure  # noqa: E402
+from memlib.measure import profiling  # noqa: E402
+from memlib.viz.plots_profiling import memory_timeline_figure, roofline_figure  # noqa: E402
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256}
@@ -71,7 +71,7 @@ def test_matmul_benchmark_and_step_timing() -> None:
 
 
 def test_meta_snapshot_timeline_matches_the_tracer() -> None:
-    from memlib.trace import trace_training
+    from memlib.measure.trace import trace_training
 
     snap = profiling.meta_memory_snapshot(TINY, batch_size=2, seq_len=32)
     tl = profiling.snapshot_timeline(snap)

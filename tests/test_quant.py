@@ -1,4 +1,4 @@
-"""memlib.quant against bitsandbytes 0.50 on CPU: maps, block-wise 8-bit, NF4, double quantization, 8-bit Adam bytes."""
+"""memlib.core.quant against bitsandbytes 0.50 on CPU: maps, block-wise 8-bit, NF4, double quantization, 8-bit Adam bytes."""
 from __future__ import annotations
 
 import logging
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib import quant as Q
-from memlib.errors import MemlibError
+from memlib.core import quant as Q
+from memlib.core.errors import MemlibError
 
 torch = pytest.importorskip("torch")
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
@@ -250,7 +250,7 @@ def test_bits_per_param() -> None:
     assert round(Q.double_quant_bits_per_param(), 3) == 0.127
     assert Q.bits_per_param(8, 256) == 8.125
     assert Q.bits_per_param(4, 64) == 4.5
-    from memlib.dtypes import WEIGHT_FORMATS
+    from memlib.core.dtypes import WEIGHT_FORMATS
     assert WEIGHT_FORMATS["nf4"] * 8 == pytest.approx(4 + Q.double_quant_bits_per_param())
 
 
@@ -291,10 +291,10 @@ def test_bitsandbytes_block_size_today_is_256() -> None:
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_adamw8bit_measured_vs_estimator(dtype: str) -> None:
-    from memlib.configs import load_config
-    from memlib.estimate import _optimizer_state_bytes
-    from memlib.params import count_params
-    from memlib.trace import build_model
+    from memlib.core.configs import load_config
+    from memlib.core.estimate import _optimizer_state_bytes
+    from memlib.core.params import count_params
+    from memlib.measure.trace import build_model
 
     tiny = {"n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
     net = build_model("gpt2", device="cpu", dtype=dtype, overrides=tiny)
@@ -308,5 +308,5 @@ def test_adamw8bit_measured_vs_estimator(dtype: str) -> None:
     if dtype == "fp32":
         assert estimated == measured
     else:
-        # memlib.estimate counts 2-byte states for small tensors with bf16 weights; bitsandbytes keeps fp32.
+        # memlib.core.estimate counts 2-byte states for small tensors with bf16 weights; bitsandbytes keeps fp32.
         assert measured - estimated == 2 * 2 * pc.small_tensor_params or estimated == measured

@@ -1,4 +1,4 @@
-"""memlib.scaler.DynamicLossScaler against torch.amp.GradScaler("cpu"), step for step (Chapter 3)."""
+"""memlib.core.scaler.DynamicLossScaler against torch.amp.GradScaler("cpu"), step for step (Chapter 3)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from memlib.errors import MemlibError
-from memlib.scaler import DynamicLossScaler, has_inf_or_nan, scale_history
+from memlib.core.errors import MemlibError
+from memlib.core.scaler import DynamicLossScaler, has_inf_or_nan, scale_history
 
 
 def grad_scaler_run(found_inf: list[bool], seed: int = 0, **kwargs: float) -> tuple[list[float], list[bool]]:

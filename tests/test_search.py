@@ -1,10 +1,10 @@
-"""memlib.search: the monotone searches the planners share."""
+"""memlib.core.search: the monotone searches the planners share."""
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memlib.search import bisect_last, largest_fitting
+from memlib.core.search import bisect_last, largest_fitting
 
 
 @given(k=st.integers(0, 10**12), start=st.integers(1, 4096))

@@ -1,4 +1,4 @@
-"""memlib.serve: vLLM-style KV-block budget, its properties, bad input and the `memlib serve` command."""
+"""memlib.core.serve: vLLM-style KV-block budget, its properties, bad input and the `memlib serve` command."""
 import json
 import subprocess
 import sys
@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib.cli import main
-from memlib.configs import load_config, shipped_models
-from memlib.dtypes import GiB, MiB
-from memlib.errors import MemlibError
-from memlib.estimate import estimate_inference
-from memlib.gpus import get_gpu
-from memlib.inference import forward_activation_bytes, kv_bytes_per_token
-from memlib.serve import (DEFAULT_CUDA_GRAPH, DEFAULT_NON_TORCH, SERVE_KV_DTYPES, decode_bytes_per_step,
+from memlib.core.configs import load_config, shipped_models
+from memlib.core.dtypes import GiB, MiB
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import estimate_inference
+from memlib.core.gpus import get_gpu
+from memlib.core.inference import forward_activation_bytes, kv_bytes_per_token
+from memlib.core.serve import (DEFAULT_CUDA_GRAPH, DEFAULT_NON_TORCH, SERVE_KV_DTYPES, decode_bytes_per_step,
                           decode_latency_s, serve, serve_kv_bytes_per_token)
 
 
@@ -85,7 +85,7 @@ def test_fragmentation_holds_the_tensors_to_budget_over_one_plus_f() -> None:
     ("llama-2-7b", 4, 2048, {"weights": "int8", "layout": "mqa"})])
 def test_the_static_fit_of_chapter_11_is_a_question_to_serve(model: str, b: int, s: int, kw: dict) -> None:
     """One serving fit: serving_fit's terms are serve's, asked with the whole GPU, one-token blocks and 5 %."""
-    from memlib.inference import reserve_bytes, serving_fit
+    from memlib.core.inference import reserve_bytes, serving_fit
     fit = serving_fit(model, 24 * GiB, batch_size=b, seq_len=s, **kw)
     pre = kw.get("prefill_tokens") or b * s
     sv = serve(model, gpu_memory=24 * GiB, max_model_len=s, gpu_memory_utilization=1.0, block_size=1,

@@ -4,8 +4,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from memlib import MemlibError  # noqa: E402
-from memlib.estimate import estimate_training  # noqa: E402
-from memlib.trace import MemoryTracker, trace_training  # noqa: E402
+from memlib.core.estimate import estimate_training  # noqa: E402
+from memlib.measure.trace import MemoryTracker, trace_training  # noqa: E402
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256}
@@ -113,8 +113,8 @@ def test_extrapolated_trace_equals_full_trace(model: str, kw: dict) -> None:
 
 
 def test_extrapolation_refuses_a_non_affine_fit() -> None:
-    from memlib.categories import MemCategory
-    from memlib.trace import _extrapolate
+    from memlib.core.categories import MemCategory
+    from memlib.measure.trace import _extrapolate
 
     zero = {c: 0 for c in MemCategory}
 
@@ -132,7 +132,7 @@ def test_extrapolation_refuses_a_non_affine_fit() -> None:
 
 
 def test_meta_op_cache_does_not_change_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    import memlib.trace as tr
+    import memlib.measure.trace as tr
 
     kw = dict(batch_size=2, seq_len=64, precision="bf16-mixed", attention="eager", extrapolate=False)
     cached = tr.trace_training("qwen2-0.5b", overrides={"num_hidden_layers": 3}, **kw)

@@ -1,4 +1,4 @@
-"""ZeRO arithmetic (memlib.zero): the paper's Table 1 cell by cell, §5 formulas, §7 volumes, the erratum."""
+"""ZeRO arithmetic (memlib.core.zero): the paper's Table 1 cell by cell, §5 formulas, §7 volumes, the erratum."""
 from decimal import ROUND_DOWN, Decimal
 
 import pytest
@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib import GB, MemlibError
-from memlib.estimate import estimate_training
-from memlib.zero import (
+from memlib.core.estimate import estimate_training
+from memlib.core.zero import (
     TABLE1_DP,
     TABLE1_PARAMS,
     TABLE1_PRINTED,
@@ -135,7 +135,7 @@ def test_deepspeed_zero2_offload_host_quirk() -> None:
 
 
 def test_deepspeed_zero2_offload_host_matches_deepspeed() -> None:
-    from memlib.measure_offload import deepspeed_offload_estimators
+    from memlib.measure.offload import deepspeed_offload_estimators
     try:
         zero2, _ = deepspeed_offload_estimators()
     except MemlibError:

@@ -1,6 +1,6 @@
 /* The book's live calculators: run memlib (Python) in the reader's browser with Pyodide, no kernel, no network.
  *
- * Every element with class "memlib-live" was drawn by memlib.live.render(kind, params) when the notebook ran.
+ * Every element with class "memlib-live" was drawn by memlib.viz.live.render(kind, params) when the notebook ran.
  * This script only enables its controls, loads Pyodide (self-hosted under vendor/pyodide/, about 13 MB, fetched
  * on first use and then cached by the browser) and the memlib zip the book build wrote (live/memlib.zip, with
  * its content hash as ?v= in window.MEMLIB_LIVE), and calls render() again with the controls' values whenever one changes. No
@@ -51,7 +51,7 @@
       if (!response.ok) throw new Error("memlib package: HTTP " + response.status);
       pyodide.unpackArchive(await response.arrayBuffer(), "zip", { extractDir: "/home/pyodide/memlib-live" });
       pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/memlib-live')");
-      const render = pyodide.pyimport("memlib.live").render;
+      const render = pyodide.pyimport("memlib.viz.live").render;
       phases.memlib = performance.now() - loadStarted;
       return render;
     })();

@@ -1,0 +1,1 @@
+"""memlib.core: pure Python estimators (configs, units, hardware, params, training/inference/serving memory, planner); imports no torch."""

@@ -1,0 +1,892 @@
+"""Gradient checkpointing measured: k-layer segments, selective recomputation, offloading, FLOPs (Chapter 4).
+
+Measurement module: it runs real PyTorch (imported lazily inside the functions) on the ``meta`` device, where
+7B-size shapes cost no memory, or on real CPU/CUDA tensors. Every memory number comes from
+:class:`memlib.measure.trace.MemoryTracker`, every FLOP count from ``torch.utils.flop_counter.FlopCounterMode``.
+
+Recomputation modes (``recompute=``):
+
+* ``none`` — every op's saved tensors are kept for the backward pass.
+* ``full`` — ``torch.utils.checkpoint.checkpoint(use_reentrant=False)`` around each run of ``checkpoint_every``
+  consecutive decoder layers: the forward pass keeps only each segment's input; the backward pass re-runs one
+  segment's forward at a time. ``checkpoint_every=1`` is what transformers' ``gradient_checkpointing_enable()``
+  does.
+* ``selective`` — Megatron-LM's choice (Korthikanti et al. 2022): only the attention core (QKᵀ, softmax,
+  dropout, ·V — or the fused SDPA kernel) runs under a checkpoint; everything else keeps its activations.
+* ``sac`` — PyTorch's selective activation checkpoint API
+  (``torch.utils.checkpoint.create_selective_checkpoint_contexts``) on each whole layer with an op policy:
+  keep the outputs of the projection matmuls, recompute everything else (norms, rotary, activation function,
+  the attention core).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+from ..core.categories import MemCategory
+from ..core.configs import ModelConfig, load_config
+from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.search import bisect_last
+from .trace import MemoryTracker
+
+__all__ = [
+    "RECOMPUTE_MODES",
+    "RecomputeMeasurement",
+    "StepFlops",
+    "OffloadMeasurement",
+    "segment_peak_bytes",
+    "best_checkpoint_every",
+    "decoder_layers",
+    "apply_checkpointing",
+    "selective_attention_core",
+    "measure_recompute",
+    "measure_stack",
+    "step_flops",
+    "stack_flops",
+    "measure_offload",
+    "trace_recompute",
+    "largest_batch",
+    "largest_batch_cuda",
+    "time_step",
+    "time_stack",
+    "gpu_checkpointing_results",
+]
+
+RECOMPUTE_MODES = ("none", "full", "selective", "sac")
+
+ModelLike = str | Path | dict[str, Any] | ModelConfig
+
+
+def _torch() -> Any:
+    return require_torch("memlib.measure.checkpointing")
+
+
+# ----------------------------------------------------------------------------------------------- pure model
+def segment_peak_bytes(num_layers: int, checkpoint_every: int, input_bytes: int, layer_bytes: int) -> int:
+    """Chen et al. (2016)'s cost model of checkpointing a chain in segments of k layers.
+
+    Introduced in Chapter 4. The forward pass keeps the input of each of the ⌈L/k⌉ segments; the backward pass
+    re-materializes one segment (k layers' saved tensors) at a time: ``⌈L/k⌉·input + k·layer``.
+
+    Args:
+        num_layers: L, layers in the chain.
+        checkpoint_every: k, layers per checkpointed segment (1 ≤ k ≤ L).
+        input_bytes: bytes of one segment input (a layer's input, b·s·h·bytes in a transformer).
+        layer_bytes: bytes one layer saves for backward.
+
+    Returns:
+        Bytes of activations at the backward pass's peak, by the model (temporaries not included).
+    """
+    n = check_positive("num_layers", num_layers)
+    k = check_positive("checkpoint_every", checkpoint_every)
+    if k > n:
+        raise MemlibError(f"checkpoint_every {k} is larger than num_layers {n}; expected 1 ≤ checkpoint_every ≤ {n}")
+    return -(-n // k) * int(input_bytes) + k * int(layer_bytes)
+
+
+def best_checkpoint_every(num_layers: int, input_bytes: int, layer_bytes: int) -> int:
+    """The k that minimizes :func:`segment_peak_bytes` (the smallest such k). Introduced in Chapter 4.
+
+    The continuous optimum of (L/k)·I + k·P is k* = √(L·I/P): √L layers per segment when a layer saves about as
+    much as its input (Chen et al. 2016's chain), but k = 1 for a transformer, whose layer saves ~20× its input.
+    """
+    n = check_positive("num_layers", num_layers)
+    return min(range(1, n + 1), key=lambda k: (segment_peak_bytes(n, k, input_bytes, layer_bytes), k))
+
+
+# ------------------------------------------------------------------------------------------ model surgery
+def decoder_layers(net: Any) -> Any:
+    """The ``nn.ModuleList`` of decoder layers of a transformers causal LM (``model.layers``, ``transformer.h``).
+
+    Introduced in Chapter 4.
+    """
+    torch = _torch()
+    n = int(net.config.num_hidden_layers)
+    best = None
+    for module in net.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            if best is None:
+                best = module
+    if best is None:
+        raise MemlibError(f"no ModuleList of {n} decoder layers found in {type(net).__name__}")
+    return best
+
+
+def _sac_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Keep the outputs of the projection matmuls (``mm``, ``addmm``); recompute everything else.
+
+    The attention core's matmuls run as ``bmm`` (eager) or inside the fused SDPA kernel, so they are
+    recomputed along with norms, rotary embeddings and the activation function.
+    """
+    torch = _torch()
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _CheckpointOptions(TypedDict, total=False):
+    """Optional keyword arguments of ``torch.utils.checkpoint.checkpoint`` that :func:`apply_checkpointing` sets.
+
+    Attributes:
+        context_fn: returns the two context managers the forward pass and the recomputation run under.
+    """
+
+    context_fn: Callable[[], tuple[contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]]]
+
+
+def apply_checkpointing(net: Any, *, recompute: str = "full", checkpoint_every: int = 1) -> Any:
+    """Wrap the decoder layers of a transformers model in ``torch.utils.checkpoint`` (``use_reentrant=False``).
+
+    Introduced in Chapter 4. ``recompute="full"``: the first layer of each run of ``checkpoint_every`` layers
+    becomes a segment that runs the whole run under one checkpoint; the others pass their input through.
+    ``recompute="sac"``: each layer runs under a checkpoint with PyTorch's selective-checkpoint context and
+    an op policy that keeps the projection matmuls' outputs and recomputes the rest. ``none`` and
+    ``selective`` leave the layers alone (``selective`` acts on the attention function: see
+    :func:`selective_attention_core`).
+
+    Args:
+        net: a transformers causal LM (from :func:`memlib.measure.trace.build_model`).
+        recompute: one of :data:`RECOMPUTE_MODES`.
+        checkpoint_every: layers per checkpointed segment (``full`` only).
+
+    Returns:
+        ``net``, changed in place.
+    """
+    _torch()
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    check_choice("recompute", recompute, RECOMPUTE_MODES)
+    layers = decoder_layers(net)
+    n = len(layers)
+    k = check_positive("checkpoint_every", checkpoint_every)
+    if k > n:
+        raise MemlibError(f"checkpoint_every {k} is larger than num_layers {n}; expected 1 ≤ checkpoint_every ≤ {n}")
+    if recompute in ("none", "selective"):
+        return net
+    context_fn = (functools.partial(create_selective_checkpoint_contexts, _sac_policy) if recompute == "sac"
+                  else None)
+    if recompute == "sac":
+        k = 1
+
+    class Segment(nn.Module):
+        def __init__(self, run: list[Any]) -> None:
+            super().__init__()
+            self.run = nn.ModuleList(run)
+
+        def _forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+            for layer in self.run:
+                hidden_states = layer(hidden_states, *args, **kwargs)
+            return hidden_states
+
+        def forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+            extra: _CheckpointOptions = {"context_fn": context_fn} if context_fn is not None else {}
+            return checkpoint(self._forward, hidden_states, *args, use_reentrant=False, **extra, **kwargs)
+
+    class PassThrough(nn.Module):
+        def forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+            return hidden_states
+
+    new: list[Any] = []
+    old = list(layers)
+    for start in range(0, n, k):
+        new.append(Segment(old[start:start + k]))
+        new.extend(PassThrough() for _ in old[start + 1:start + k])
+    for i, module in enumerate(new):
+        layers[i] = module
+    return net
+
+
+@contextlib.contextmanager
+def selective_attention_core() -> Iterator[None]:
+    """Within the block, transformers' attention functions run under ``checkpoint(use_reentrant=False)``.
+
+    Introduced in Chapter 4. This is Megatron-LM's selective recomputation: the attention core (QKᵀ, softmax,
+    dropout, ·V, or the fused SDPA kernel) keeps only its inputs q, k, v; its internals are recomputed in the
+    backward pass. The attention weights are not returned (training never reads them).
+    """
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = ALL_ATTENTION_FUNCTIONS.get_interface
+
+    def get_interface(attn_implementation: str, default: Callable[..., Any]) -> Callable[..., Any]:
+        core = original(attn_implementation, default)
+
+        def checkpointed(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+            def run(q: Any, k: Any, v: Any, mask: Any) -> Any:
+                return core(module, q, k, v, mask, **kwargs)[0]
+
+            return checkpoint(run, query, key, value, attention_mask, use_reentrant=False), None
+
+        return checkpointed
+
+    ALL_ATTENTION_FUNCTIONS.get_interface = get_interface  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del ALL_ATTENTION_FUNCTIONS.get_interface
+
+
+# ------------------------------------------------------------------------------------------- measurement
+@dataclass(frozen=True)
+class RecomputeMeasurement:
+    """Memory of one forward + backward pass (no optimizer), measured by the tracer. Introduced in Chapter 4.
+
+    Attributes:
+        saved_bytes: bytes alive at the end of the forward pass besides parameters and buffers: what the
+            backward pass will read (saved activations, segment inputs, the loss's fp32 log-softmax, inputs).
+        activation_peak_bytes: peak over forward + backward of all bytes that are not parameters, buffers or
+            accumulated parameter gradients (saved activations + recomputed ones + backward temporaries).
+        peak_bytes: peak of all live bytes over forward + backward (parameters and gradients included).
+        params_bytes: parameter bytes.
+        settings: the settings measured.
+    """
+
+    saved_bytes: int
+    activation_peak_bytes: int
+    peak_bytes: int
+    params_bytes: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+class _ActivationTracker(MemoryTracker):
+    """A :class:`memlib.measure.trace.MemoryTracker` that also records the peak of non-state bytes.
+
+    Attributes:
+        act_peak: peak of the live bytes that are not parameters, gradients, buffers or optimizer states.
+    """
+
+    act_peak = 0
+
+    def register(self, t: Any, category: MemCategory | None = None) -> None:
+        """Count ``t`` as :meth:`memlib.measure.trace.MemoryTracker.register` does, then update ``act_peak``."""
+        super().register(t, category)
+        states = (self.totals[MemCategory.PARAM] + self.totals[MemCategory.GRAD]
+                  + self.totals[MemCategory.BUFFER] + self.totals[MemCategory.OPTIMIZER])
+        self.act_peak = max(self.act_peak, self.total - states)
+
+
+def _model_dtype(precision: str) -> str:
+    check_choice("precision", precision, ("fp32", "bf16", "fp16"))
+    return precision
+
+
+@contextlib.contextmanager
+def _maybe(flag: bool, cm: Callable[[], Any]) -> Iterator[None]:
+    if flag:
+        with cm():
+            yield
+    else:
+        yield
+
+
+def _prepare(model: ModelLike, batch_size: int, seq_len: int, precision: str, attention: str, recompute: str,
+             checkpoint_every: int, device: str, overrides: dict[str, Any] | None, seed: int) -> tuple[Any, Any, Any]:
+    torch = _torch()
+    from .trace import build_model
+
+    check_positive("batch_size", batch_size)
+    check_positive("seq_len", seq_len)
+    check_choice("recompute", recompute, RECOMPUTE_MODES)
+    check_choice("device", device, ("meta", "cpu", "cuda"))
+    cfg = load_config(model)
+    torch.manual_seed(seed)
+    net = build_model(cfg, device=device, dtype=_model_dtype(precision), attention=attention, overrides=overrides)
+    apply_checkpointing(net, recompute=recompute, checkpoint_every=checkpoint_every)
+    input_ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device=device)  # (B, T)
+    return cfg, net, input_ids
+
+
+def measure_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, precision: str = "bf16",
+                      attention: str = "sdpa", recompute: str = "none", checkpoint_every: int = 1,
+                      device: str = "meta", overrides: dict[str, Any] | None = None,
+                      seed: int = 0, extrapolate: bool = True) -> RecomputeMeasurement:
+    """Trace one forward + loss + backward of a transformers model under a recomputation mode.
+
+    Introduced in Chapter 4. No optimizer step: this isolates what recomputation changes (the saved tensors
+    and the backward pass's peak). Use :func:`trace_recompute` for a whole training step.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        batch_size: sequences per step.
+        seq_len: tokens per sequence.
+        precision: model dtype, ``fp32``, ``bf16`` or ``fp16`` (activations have the same dtype).
+        attention: ``eager`` or ``sdpa`` (flash kernel, as in :func:`memlib.measure.trace.trace_training`).
+        recompute: one of :data:`RECOMPUTE_MODES`.
+        checkpoint_every: layers per checkpointed segment with ``recompute="full"``.
+        device: ``meta``, ``cpu`` or ``cuda``.
+        overrides: config fields to replace (e.g. ``{"num_hidden_layers": 4}``).
+        seed: seed for the inputs and initialization.
+        extrapolate: on the meta device, for more than 4 layers (and segments of one layer), trace 2, 3 and 4
+            layers and extrapolate linearly when the three are exactly affine in the depth (identical layers);
+            otherwise trace every layer. The tests compare the two.
+
+    Returns:
+        The measurement (bytes).
+    """
+    from .trace import _patched
+
+    cfg = load_config(model)
+    layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
+    num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
+    if extrapolate and device == "meta" and num_layers > 4 and (recompute != "full" or checkpoint_every == 1):
+        runs = {n: measure_recompute(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                                     attention=attention, recompute=recompute, overrides={**(overrides or {}),
+                                                                                          layer_key: n},
+                                     seed=seed, extrapolate=False) for n in (2, 3, 4)}
+        fields = ("saved_bytes", "activation_peak_bytes", "peak_bytes", "params_bytes")
+        vals = {f: [getattr(runs[n], f) for n in (2, 3, 4)] for f in fields}
+        if all(v[2] - v[1] == v[1] - v[0] for v in vals.values()):  # exactly affine in the depth
+            out = {f: v[0] + (num_layers - 2) * (v[1] - v[0]) for f, v in vals.items()}
+            settings = dict(runs[2].settings, overrides=dict(overrides or {}), method="extrapolated")
+            return RecomputeMeasurement(settings=settings, **out)
+    cfg, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, recompute, checkpoint_every,
+                                   device, overrides, seed)
+    tracker = _ActivationTracker(device)
+    for p in net.parameters():
+        tracker.register(p, MemCategory.PARAM)
+        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
+    for b in net.buffers():
+        tracker.register(b, MemCategory.BUFFER)
+    tracker.register(input_ids, MemCategory.ACTIVATION)
+    params = tracker.totals[MemCategory.PARAM]
+    with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core), tracker.mode():
+        tracker.reset_peak()
+        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+            loss = net(input_ids=input_ids, labels=input_ids).loss
+        saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
+        with tracker.phase_of("backward", MemCategory.TEMP):
+            loss.backward()
+            del loss
+    settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
+                "attention": attention, "recompute": recompute, "checkpoint_every": checkpoint_every,
+                "device": device, "overrides": dict(overrides or {}), "method": "full"}
+    return RecomputeMeasurement(saved_bytes=int(saved), activation_peak_bytes=int(tracker.act_peak),
+                                peak_bytes=int(tracker.peak), params_bytes=int(params), settings=settings)
+
+
+class _TraceOptions(TypedDict):
+    """The settings :func:`trace_recompute` hands :func:`memlib.measure.trace.trace_training` whatever the mode."""
+
+    batch_size: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    attention: str
+    device: str
+    overrides: dict[str, Any] | None
+    seed: int
+
+
+def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, precision: str = "bf16",
+                    optimizer: str = "adamw", attention: str = "sdpa", recompute: str = "none",
+                    checkpoint_every: int = 1, device: str = "meta", overrides: dict[str, Any] | None = None,
+                    seed: int = 0) -> Any:
+    """:func:`memlib.measure.trace.trace_training` of a whole step under any recomputation mode and interval.
+
+    Introduced in Chapter 4 (to check ``estimate_training(recompute=..., checkpoint_every=...)``). The model
+    that ``trace_training`` builds is wrapped by :func:`apply_checkpointing` (its ``model_hook``); ``selective`` runs under
+    :func:`selective_attention_core`.
+
+    Returns:
+        A :class:`memlib.measure.trace.TraceResult` whose settings also carry ``checkpoint_every``.
+    """
+    from .trace import TraceResult, trace_training
+
+    check_choice("recompute", recompute, RECOMPUTE_MODES)
+    kw: _TraceOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                             attention=attention, device=device, overrides=overrides, seed=seed)
+    if recompute == "none" or (recompute == "full" and checkpoint_every == 1):
+        # transformers' own gradient checkpointing is our k = 1 (byte for byte, see the tests); trace_training
+        # may then extrapolate from 2-4 traced layers, which segments of k > 1 layers would break.
+        res = trace_training(model, recompute=recompute, **kw)
+    else:
+        def wrap(net: Any) -> Any:
+            return apply_checkpointing(net, recompute=recompute, checkpoint_every=checkpoint_every)
+
+        with _maybe(recompute == "selective", selective_attention_core):
+            res = trace_training(model, recompute="none", extrapolate=False, model_hook=wrap, **kw)
+    settings = dict(res.settings, recompute=recompute, checkpoint_every=checkpoint_every)
+    return TraceResult(res.peak_bytes, res.by_category, res.peak_phase, res.device, settings, res.method)
+
+
+# ------------------------------------------------------------------------------------------------ a chain
+def _stack(num_layers: int, width: int, device: str, dtype: Any) -> Any:
+    torch = _torch()
+    layers = []
+    for _ in range(num_layers):
+        layers += [torch.nn.Linear(width, width, bias=False, device=device, dtype=dtype), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def _run_stack(net: Any, x: Any, checkpoint_every: int | None) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = [net[i:i + 2] for i in range(0, len(net), 2)]
+    if checkpoint_every is None:
+        for blk in blocks:
+            x = blk(x)
+        return x
+    k = checkpoint_every
+    for start in range(0, len(blocks), k):
+        seg = blocks[start:start + k]
+
+        def run(h: Any, seg: list[Any] = seg) -> Any:
+            for blk in seg:
+                h = blk(h)
+            return h
+
+        x = checkpoint(run, x, use_reentrant=False)
+    return x
+
+
+def measure_stack(num_layers: int, checkpoint_every: int | None, *, width: int = 1024, batch_size: int = 64,
+                  device: str = "meta", seed: int = 0) -> RecomputeMeasurement:
+    """Forward + backward of a chain of ``Linear → tanh`` layers, checkpointed every k layers (None: never).
+
+    Introduced in Chapter 4: Chen et al. (2016)'s setting, where each layer saves one tensor the size of its
+    input (the tanh output, which is also the next Linear's input), so k = √L minimizes memory.
+
+    Args:
+        num_layers: L.
+        checkpoint_every: k, layers per checkpointed segment, or None for no checkpointing.
+        width: features per layer.
+        batch_size: rows of the input; one layer's activation is batch_size·width·4 bytes (fp32).
+        device: ``meta`` or ``cpu``.
+        seed: seed for the weights and input.
+
+    Returns:
+        The measurement; ``saved_bytes`` and ``activation_peak_bytes`` include the input.
+    """
+    torch = _torch()
+    n = check_positive("num_layers", num_layers)
+    if checkpoint_every is not None:
+        k = check_positive("checkpoint_every", checkpoint_every)
+        if k > n:
+            raise MemlibError(f"checkpoint_every {k} is larger than num_layers {n}; "
+                              f"expected 1 ≤ checkpoint_every ≤ {n}")
+    torch.manual_seed(seed)
+    net = _stack(n, width, device, torch.float32)
+    x = torch.randn(batch_size, width, device=device)  # (B, C)
+    tracker = _ActivationTracker(device)
+    for p in net.parameters():
+        tracker.register(p, MemCategory.PARAM)
+        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
+    tracker.register(x, MemCategory.ACTIVATION)
+    params = tracker.totals[MemCategory.PARAM]
+    with tracker.mode():
+        tracker.reset_peak()
+        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+            loss = _run_stack(net, x, checkpoint_every).square().sum()
+        saved = tracker.total - params
+        with tracker.phase_of("backward", MemCategory.TEMP):
+            loss.backward()
+            del loss
+    settings = {"num_layers": n, "checkpoint_every": checkpoint_every, "width": width, "batch_size": batch_size}
+    return RecomputeMeasurement(int(saved), int(tracker.act_peak), int(tracker.peak), int(params), settings)
+
+
+# -------------------------------------------------------------------------------------------------- FLOPs
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one forward + backward pass, counted by ``FlopCounterMode``. Introduced in Chapter 4.
+
+    Attributes:
+        forward: FLOPs of the forward pass (loss included).
+        backward: FLOPs of the backward pass, recomputation included.
+        settings: the settings counted.
+    """
+
+    forward: int
+    backward: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """forward + backward."""
+        return self.forward + self.backward
+
+
+def _flop_mapping() -> dict[Any, Any]:
+    """FLOP formulas for the CPU flash-attention op the tracer routes SDPA to (FlopCounterMode lacks them)."""
+    torch = _torch()
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    # FlopCounterMode hands custom formulas the shapes of the tensor arguments.
+    def fwd(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def bwd(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+            **kwargs: Any) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd}
+
+
+def _count(fn: Callable[[], Any]) -> tuple[Any, int]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping=_flop_mapping())
+    with counter:
+        out = fn()
+    return out, int(counter.get_total_flops())
+
+
+def step_flops(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, precision: str = "bf16",
+               attention: str = "sdpa", recompute: str = "none", checkpoint_every: int = 1,
+               overrides: dict[str, Any] | None = None) -> StepFlops:
+    """Count the matmul FLOPs of one forward + backward pass on the meta device. Introduced in Chapter 4.
+
+    ``FlopCounterMode`` counts matmuls and attention kernels (elementwise ops are not counted; they are a few
+    percent of a transformer's FLOPs). Recomputation happens inside the backward pass, so it shows up in
+    ``backward``.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        batch_size: sequences per step.
+        seq_len: tokens per sequence.
+        precision: model dtype.
+        attention: ``eager`` or ``sdpa``.
+        recompute: one of :data:`RECOMPUTE_MODES`.
+        checkpoint_every: layers per segment with ``recompute="full"``.
+        overrides: config fields to replace.
+
+    Returns:
+        Forward and backward FLOPs.
+    """
+    from .trace import _patched
+
+    cfg, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, recompute, checkpoint_every,
+                                   "meta", overrides, 0)
+    with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core):
+        loss, fwd = _count(lambda: net(input_ids=input_ids, labels=input_ids).loss)
+        _, bwd = _count(loss.backward)
+    settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "attention": attention,
+                "recompute": recompute, "checkpoint_every": checkpoint_every, "overrides": dict(overrides or {})}
+    return StepFlops(fwd, bwd, settings)
+
+
+def stack_flops(num_layers: int, checkpoint_every: int | None, *, width: int = 1024,
+                batch_size: int = 64) -> StepFlops:
+    """FLOPs of forward + backward of :func:`measure_stack`'s chain. Introduced in Chapter 4."""
+    torch = _torch()
+    n = check_positive("num_layers", num_layers)
+    net = _stack(n, width, "meta", torch.float32)
+    x = torch.randn(batch_size, width, device="meta")
+    loss, fwd = _count(lambda: _run_stack(net, x, checkpoint_every).square().sum())
+    _, bwd = _count(loss.backward)
+    return StepFlops(fwd, bwd, {"num_layers": n, "checkpoint_every": checkpoint_every})
+
+
+# ----------------------------------------------------------------------------------------------- offload
+@dataclass(frozen=True)
+class OffloadMeasurement:
+    """Activation offloading with ``torch.autograd.graph.save_on_cpu`` semantics. Introduced in Chapter 4.
+
+    Attributes:
+        memory: the device-memory measurement with offloading on.
+        to_host_bytes: bytes copied device → host in the forward pass (and back in the backward pass).
+        param_bytes_moved: the part of ``to_host_bytes`` that is parameters (``save_on_cpu`` moves every saved
+            tensor, weights included; an offloader that skips parameters moves only the rest).
+    """
+
+    memory: RecomputeMeasurement
+    to_host_bytes: int
+    param_bytes_moved: int
+
+    @property
+    def activation_bytes_moved(self) -> int:
+        """Bytes moved that are not parameters."""
+        return self.to_host_bytes - self.param_bytes_moved
+
+
+def measure_offload(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, precision: str = "bf16",
+                    attention: str = "sdpa", device: str = "meta", overrides: dict[str, Any] | None = None,
+                    seed: int = 0, skip_params: bool = False) -> OffloadMeasurement:
+    """Forward + backward with every saved tensor moved to host memory, as ``save_on_cpu`` does.
+
+    Introduced in Chapter 4. ``torch.autograd.graph.save_on_cpu`` packs each tensor autograd saves into a CPU
+    copy and unpacks it to the device when the backward pass needs it. The meta device cannot copy to the
+    host, so the same hooks are emulated: the pack hook counts the bytes and hands autograd a host stand-in
+    that the device tracker does not count; the unpack hook allocates the device copy the backward pass
+    reads. A tensor is copied once per op that saves it, and a view copies only its own elements (as
+    ``save_on_cpu`` does).
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        batch_size: sequences per step.
+        seq_len: tokens per sequence.
+        precision: model dtype.
+        attention: ``eager`` or ``sdpa``.
+        device: ``meta`` or ``cpu``.
+        overrides: config fields to replace.
+        seed: seed for the inputs and initialization.
+        skip_params: leave parameters on the device (``save_on_cpu`` does not: it copies each matmul's weight
+            to the host and back every step).
+
+    Returns:
+        Device memory with offloading, and the transfer volume.
+    """
+    torch = _torch()
+    from .trace import _patched
+
+    cfg, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, "none", 1, device,
+                                   overrides, seed)
+    tracker = _ActivationTracker(device)
+    param_keys = set()
+    for p in net.parameters():
+        tracker.register(p, MemCategory.PARAM)
+        param_keys.add(p.untyped_storage()._cdata)
+        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
+    for b in net.buffers():
+        tracker.register(b, MemCategory.BUFFER)
+    tracker.register(input_ids, MemCategory.ACTIVATION)
+    params = tracker.totals[MemCategory.PARAM]
+    moved = {"all": 0, "params": 0}
+
+    def pack(t: Any) -> Any:
+        if skip_params and t.untyped_storage()._cdata in param_keys:
+            return t
+        nbytes = t.numel() * t.element_size() if t.device.type == device else 0  # .cpu() copies the view only
+        moved["all"] += nbytes
+        if t.untyped_storage()._cdata in param_keys:
+            moved["params"] += nbytes
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # the stand-in for the CPU copy is not device memory: not traced
+            host = t.detach().clone()
+        return host
+
+    def unpack(host: Any) -> Any:
+        if skip_params and host.untyped_storage()._cdata in param_keys:
+            return host
+        return host.clone()  # the host → device copy the backward pass reads
+
+    with _patched(attention == "sdpa"), tracker.mode():
+        tracker.reset_peak()
+        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                loss = net(input_ids=input_ids, labels=input_ids).loss
+        saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
+        with tracker.phase_of("backward", MemCategory.TEMP):
+            loss.backward()
+            del loss
+    settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
+                "attention": attention, "recompute": "offload", "device": device, "skip_params": skip_params,
+                "overrides": dict(overrides or {})}
+    mem = RecomputeMeasurement(int(saved), int(tracker.act_peak), int(tracker.peak), int(params), settings)
+    return OffloadMeasurement(mem, int(moved["all"]), int(moved["params"]))
+
+
+# ---------------------------------------------------------------------------------------- largest batch
+def largest_batch(fits: Callable[[int], bool], *, max_batch: int = 1 << 16, guess: int | None = None) -> int:
+    """The largest batch size b ≤ ``max_batch`` with ``fits(b)``, by galloping then bisection.
+
+    Introduced in Chapter 4's lab. Assumes ``fits`` is monotone (true up to some b, false after). Without a
+    guess the search doubles from 1; with one (e.g. the estimator's prediction) it gallops up or down from the
+    guess, so a good guess costs two calls. O(log b) calls either way. Returns 0 if batch 1 does not fit.
+
+    Args:
+        fits: predicate, e.g. ``lambda b: trace_recompute(..., batch_size=b).peak_bytes <= budget`` or a GPU
+            step that catches ``torch.cuda.OutOfMemoryError``.
+        max_batch: upper bound to search.
+        guess: where to start.
+    """
+    hi_limit = check_positive("max_batch", max_batch)
+    if guess is None:
+        if not fits(1):
+            return 0
+        lo, step = 1, 1
+    else:
+        g = min(max(int(guess), 1), hi_limit)
+        if fits(g):
+            lo, step = g, 1
+        else:
+            hi, step = g, 1
+            while True:  # gallop down: fits(hi) is False
+                nxt = hi - step
+                if nxt < 1:
+                    lo = 0
+                    break
+                if fits(nxt):
+                    lo = nxt
+                    break
+                hi, step = nxt, step * 2
+            return _bisect(fits, lo, hi)
+    while True:  # gallop up: fits(lo) is True
+        nxt = lo + step
+        if nxt > hi_limit:
+            hi = hi_limit + 1
+            break
+        if not fits(nxt):
+            hi = nxt
+            break
+        lo, step = nxt, step * 2
+    return _bisect(fits, lo, hi)
+
+
+_bisect = bisect_last  # largest b in [lo, hi) with fits(b), given fits(lo) and not fits(hi)
+
+
+def _cuda_step_fits(model: ModelLike, batch_size: int, seq_len: int, recompute: str, checkpoint_every: int,
+                    overrides: dict[str, Any] | None, state: dict[str, Any]) -> bool:
+    torch = _torch()
+    from .trace import build_model
+
+    if "net" not in state:
+        net = build_model(model, device="cuda", dtype="bf16", attention="sdpa", overrides=overrides)
+        apply_checkpointing(net, recompute=recompute, checkpoint_every=checkpoint_every)
+        state["net"] = net
+        state["opt"] = torch.optim.AdamW(net.parameters(), lr=1e-5, foreach=True)
+    net, opt = state["net"], state["opt"]
+    ids = None
+    try:
+        ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device="cuda")
+        with _maybe(recompute == "selective", selective_attention_core):
+            for _ in range(2):  # the second step runs with the optimizer states in place
+                loss = net(input_ids=ids, labels=ids).loss
+                loss.backward()
+                del loss
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        del ids
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+
+def largest_batch_cuda(model: ModelLike, *, seq_len: int = 1024, recompute: str = "none",
+                       checkpoint_every: int = 1, overrides: dict[str, Any] | None = None,
+                       max_batch: int = 1024) -> int:
+    """The largest batch that trains (two bf16 AdamW steps) on the current GPU without running out of memory.
+
+    Introduced in Chapter 4's lab. Binary search on real steps, catching ``torch.cuda.OutOfMemoryError``;
+    needs CUDA. Weights are bf16 with ``torch.optim.AdamW`` states in bf16 (``precision="bf16"`` in the
+    estimator).
+    """
+    torch = _torch()
+    if not torch.cuda.is_available():
+        raise MemlibError("largest_batch_cuda needs a CUDA GPU; torch.cuda.is_available() is False")
+    check_choice("recompute", recompute, RECOMPUTE_MODES)
+    state: dict[str, Any] = {}
+    try:
+        return largest_batch(lambda b: _cuda_step_fits(model, b, seq_len, recompute, checkpoint_every, overrides,
+                                                       state), max_batch=max_batch)
+    finally:
+        state.clear()
+        torch.cuda.empty_cache()
+
+
+# -------------------------------------------------------------------------------------------------- time
+def time_step(model: ModelLike, *, batch_size: int = 1, seq_len: int = 128, precision: str = "fp32",
+              attention: str = "sdpa", recompute: str = "none", checkpoint_every: int = 1,
+              overrides: dict[str, Any] | None = None, device: str = "cpu", repeats: int = 3) -> float:
+    """Median wall-clock seconds of a forward + backward pass on real tensors. Introduced in Chapter 4.
+
+    Timings are noisy (shared CPUs); compare ratios measured in one run, not absolute seconds.
+    """
+    torch = _torch()
+    from .trace import _patched
+
+    check_choice("device", device, ("cpu", "cuda"))
+    _, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, recompute, checkpoint_every,
+                                 device, overrides, 0)
+    times = []
+    with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core):
+        for i in range(repeats + 1):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = net(input_ids=input_ids, labels=input_ids).loss
+            loss.backward()
+            net.zero_grad(set_to_none=True)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first run warms up
+                times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def time_stack(num_layers: int, checkpoint_every: int | None, *, width: int = 256, batch_size: int = 1024,
+               device: str = "cpu", repeats: int = 3, seed: int = 0) -> float:
+    """Median seconds of forward + backward of :func:`measure_stack`'s chain on real tensors. Chapter 4's lab.
+
+    Timings are noisy (shared CPUs); compare ratios measured in one run, not absolute seconds.
+    """
+    torch = _torch()
+    check_choice("device", device, ("cpu", "cuda"))
+    n = check_positive("num_layers", num_layers)
+    torch.manual_seed(seed)
+    net = _stack(n, width, device, torch.float32)
+    x = torch.randn(batch_size, width, device=device)
+    times = []
+    for i in range(check_positive("repeats", repeats) + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        _run_stack(net, x, checkpoint_every).square().sum().backward()
+        net.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first run warms up
+            times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def gpu_checkpointing_results(model: ModelLike = "gpt2-medium", *, seq_len: int = 1024,
+                              max_batch: int = 512) -> dict[str, Any]:
+    """Chapter 4 lab's GPU run: largest batch with and without recomputation, measured and predicted.
+
+    Introduced in Chapter 4's lab. For each of ``none``, ``selective``, ``full``: the largest batch that trains
+    on this GPU (binary search catching ``torch.cuda.OutOfMemoryError``), the largest batch whose traced step
+    fits in the GPU's total memory, and step times at a fixed batch. Returns a JSON-ready dict with the device
+    name, torch version and date; the lab writes it to ``labs/results/checkpointing.json``.
+    """
+    torch = _torch()
+    import datetime
+
+    if not torch.cuda.is_available():
+        raise MemlibError("gpu_checkpointing_results needs a CUDA GPU; torch.cuda.is_available() is False")
+    total = int(torch.cuda.get_device_properties(0).total_memory)
+    free, _ = torch.cuda.mem_get_info()
+    rows = []
+    for recompute in ("none", "selective", "full"):
+        measured = largest_batch_cuda(model, seq_len=seq_len, recompute=recompute, max_batch=max_batch)
+        budget = int(free)
+        traced = largest_batch(lambda b: trace_recompute(model, batch_size=b, seq_len=seq_len, precision="bf16",
+                                                         recompute=recompute).peak_bytes <= budget,
+                               max_batch=max_batch, guess=measured)
+        step_s = time_step(model, batch_size=max(1, min(measured, 8)), seq_len=seq_len, precision="bf16",
+                           recompute=recompute, device="cuda")
+        rows.append({"recompute": recompute, "largest_batch_measured": measured,
+                     "largest_batch_traced": traced, "step_time_s": step_s,
+                     "step_time_batch": max(1, min(measured, 8))})
+    chain = []
+    for k in (None, 1, 2, 4, 8, 16, 32, 64):
+        m = measure_stack(64, k, width=1024, batch_size=8192, device="meta")
+        chain.append({"checkpoint_every": k, "activation_peak_bytes": m.activation_peak_bytes,
+                      "step_time_s": time_stack(64, k, width=1024, batch_size=8192, device="cuda", repeats=5)})
+    return {"model": load_config(model).name, "seq_len": seq_len, "device": torch.cuda.get_device_name(),
+            "chain_64_layers": chain,
+            "total_memory_bytes": total, "free_memory_bytes": int(free), "torch": torch.__version__,
+            "date": datetime.date.today().isoformat(), "rows": rows}

@@ -1,0 +1,915 @@
+"""Measure a real training step: live-tensor tracing on the meta device (or real CPU tensors) (Chapter 1).
+
+The tracer runs one transformers model built from a config through forward + loss + backward +
+``optimizer.step()`` + ``zero_grad(set_to_none=True)`` twice, and reports the peak of live tensor bytes
+in the second (steady-state) step, by category. On the ``meta`` device no memory is allocated and no
+weights exist, so a 70B model traces in seconds on a laptop. torch and transformers are imported lazily.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from ..core.categories import MemCategory
+from ..core.configs import ModelConfig, check_seq_len, load_config
+from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRACE_PRECISIONS", "TRACE_OPTIMIZERS"]
+
+TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
+TRACE_OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
+
+
+def _torch() -> Any:
+    return require_torch("memlib.measure.trace")
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """Peak memory of a measured training step. Introduced in Chapter 1.
+
+    Attributes:
+        peak_bytes: steady-state peak of live tensor bytes on the traced device.
+        by_category: bytes per :class:`MemCategory` value at the moment of the peak.
+        peak_phase: ``"forward"``, ``"backward"`` or ``"optimizer"``: where the peak happened.
+        device: the device traced (``"meta"``, ``"cpu"``, ``"cuda"``).
+        settings: the settings traced (model, batch, seq, precision, optimizer, attention, recompute).
+        method: ``"full"`` (every layer traced) or ``"extrapolated"`` (3 to 5 layers traced, exactly
+            extrapolated; see :func:`trace_training`).
+    """
+
+    peak_bytes: int
+    by_category: dict[str, int]
+    peak_phase: str
+    device: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    method: str = "full"
+
+    @property
+    def params_bytes(self) -> int:
+        """Parameter bytes at the peak."""
+        return self.by_category[MemCategory.PARAM.value]
+
+    @property
+    def grads_bytes(self) -> int:
+        """Gradient bytes at the peak."""
+        return self.by_category[MemCategory.GRAD.value]
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Optimizer-state bytes (fp32 master weights included) at the peak."""
+        return self.by_category[MemCategory.OPTIMIZER.value]
+
+    @property
+    def activations_bytes(self) -> int:
+        """Bytes of tensors saved by the forward pass still alive at the peak."""
+        return self.by_category[MemCategory.ACTIVATION.value]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``peak_bytes``, ``<category>_bytes``, ``peak_phase``, ``device``, settings."""
+        out: dict[str, Any] = {"peak_bytes": self.peak_bytes}
+        out.update({f"{k}_bytes": v for k, v in self.by_category.items()})
+        out["peak_phase"] = self.peak_phase
+        out["device"] = self.device
+        out.update(self.settings)
+        return out
+
+
+class MemoryTracker:
+    """Track live tensor storages on one device type with a TorchDispatchMode and weak references.
+
+    Each op's outputs are registered once per storage (views share their base's storage), under the
+    category of the current phase; a weak-reference finalizer removes the bytes when the storage dies.
+    ``reclassify`` moves a storage to another category (a gradient that becomes ``param.grad``).
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.live: dict[int, tuple[int, MemCategory]] = {}
+        self.totals: dict[MemCategory, int] = {c: 0 for c in MemCategory}
+        self.total = 0
+        self.peak = 0
+        self.peak_totals: dict[MemCategory, int] = dict(self.totals)
+        self.phase = "setup"
+        self.peak_phase = "setup"
+        self.category = MemCategory.ACTIVATION
+        # Optional per-segment maxima (segments: a layer's forward, its backward, ...), used to extrapolate a
+        # trace of a few layers to many (see trace_training's ``extrapolate``).
+        self.segment: Any = None
+        self.seg_peaks: dict[Any, tuple[int, dict[MemCategory, int], str]] = {}
+
+    def _release(self, key: int) -> None:
+        entry = self.live.pop(key, None)
+        if entry is not None:
+            self.total -= entry[0]
+            self.totals[entry[1]] -= entry[0]
+
+    def register(self, t: Any, category: MemCategory | None = None) -> None:
+        """Count the storage of tensor ``t`` (once) under ``category`` (default: the phase's)."""
+        torch = _torch()
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.live:
+            return
+        nbytes = st.nbytes()
+        cat = category or self.category
+        self.live[key] = (nbytes, cat)
+        self.totals[cat] += nbytes
+        self.total += nbytes
+        weakref.finalize(st, self._release, key)
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_totals = dict(self.totals)
+            self.peak_phase = self.phase
+        if self.segment is not None:
+            sp = self.seg_peaks.get(self.segment)
+            if sp is None or self.total > sp[0]:
+                self.seg_peaks[self.segment] = (self.total, dict(self.totals), self.phase)
+
+    def set_segment(self, label: Any) -> None:
+        """Start (or re-enter) segment ``label``; its maximum starts from the live bytes now."""
+        self.segment = label
+        sp = self.seg_peaks.get(label)
+        if sp is None or self.total > sp[0]:
+            self.seg_peaks[label] = (self.total, dict(self.totals), self.phase)
+
+    def reclassify(self, t: Any, category: MemCategory) -> None:
+        """Move the storage of ``t`` to ``category`` (registering it first if needed)."""
+        torch = _torch()
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return
+        key = t.untyped_storage()._cdata
+        if key not in self.live:
+            self.register(t, category)
+            return
+        nbytes, old = self.live[key]
+        self.live[key] = (nbytes, category)
+        self.totals[old] -= nbytes
+        self.totals[category] += nbytes
+
+    def forget(self, t: Any) -> None:
+        """Stop counting the storage of ``t`` (e.g. optimizer step counters, which live on the host)."""
+        torch = _torch()
+        if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
+            self._release(t.untyped_storage()._cdata)
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement from the current live bytes."""
+        self.peak = self.total
+        self.peak_totals = dict(self.totals)
+        self.peak_phase = self.phase
+        self.seg_peaks = {}
+        if self.segment is not None:
+            self.set_segment("start")
+
+    @contextlib.contextmanager
+    def phase_of(self, phase: str, category: MemCategory) -> Iterator[None]:
+        """Within the block, new storages are counted as ``category`` and peaks are labelled ``phase``."""
+        old = (self.phase, self.category)
+        self.phase, self.category = phase, category
+        try:
+            yield
+        finally:
+            self.phase, self.category = old
+
+    def mode(self) -> Any:
+        """The TorchDispatchMode that registers every op's outputs."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+        if self.device_type == "meta" and META_CACHE:
+            return _cached_meta_mode(tracker)
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                for t in tree_leaves(out):
+                    tracker.register(t)
+                return out
+
+        return _Mode()
+
+
+#: Cache output metadata of functional ops on the meta device (see :func:`_cached_meta_mode`); the tests
+#: switch it off to check that the trace is the same without it.
+META_CACHE = True
+
+_SIMPLE_LEAVES = (int, float, bool, str, type(None))
+
+
+def _strided_nbytes(t: Any) -> int:
+    """Bytes that ``torch.empty_strided`` allocates for ``t``'s sizes, strides and dtype."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+# Output metadata of functional meta ops, and the keys of in-place meta ops known to change no metadata; shared
+# by all traces in the process (the keys hold sizes, strides and dtypes only, never tensors).
+_META_OUT: dict[Any, Any] = {}
+_META_NOOP: set[Any] = set()
+_OP_KIND: dict[Any, Any] = {}
+
+
+def _op_kind(func: Any) -> Any:
+    """"functional", ("inplace", [argument index per return]), or None (not cacheable)."""
+    kind = _OP_KIND.get(func, False)
+    if kind is not False:
+        return kind
+    torch = _torch()
+    schema = func._schema
+    kind = None
+    if torch.Tag.nondeterministic_seeded in func.tags or torch.Tag.inplace_view in func.tags:
+        kind = None
+    elif not schema.is_mutable and schema.returns and all(r.alias_info is None for r in schema.returns):
+        kind = "functional"
+    elif schema.is_mutable and all(r.alias_info is not None and r.alias_info.is_write for r in schema.returns):
+        sets = [frozenset(a.alias_info.before_set) if a.alias_info is not None else None for a in schema.arguments]
+        where = []
+        for r in schema.returns:
+            match = [k for k, st in enumerate(sets) if st == frozenset(r.alias_info.before_set)]
+            where.append(match[0] if len(match) == 1 else None)
+        if None not in where:
+            kind = ("inplace", where, [a.name for a in schema.arguments])
+    _OP_KIND[func] = kind
+    return kind
+
+
+def _cached_meta_mode(tracker: MemoryTracker | None) -> Any:
+    """A dispatch mode for the meta device that caches what meta kernels compute (and tracks memory).
+
+    Identical decoder layers call the same ops on tensors of the same shapes dozens of times; the meta kernels
+    (many written in Python) then compute the same output sizes again and again. The outputs of an op that
+    neither mutates nor aliases its inputs, and whose outputs are fresh tensors, depend only on its arguments'
+    metadata: on a cache hit new meta tensors with the cached sizes, strides and dtypes are made directly. An
+    in-place op on meta tensors does nothing but check shapes; once a call with the same metadata has been seen
+    to leave every argument's metadata unchanged, later ones return their aliased arguments at once. The
+    storages, and so the memory trace, are the same as without the cache (the tests compare them). With
+    ``tracker=None`` the mode only caches (the untraced warm-up step).
+    """
+    torch = _torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    Tensor = torch.Tensor
+    simple = _SIMPLE_LEAVES + (torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+    def key_of(func: Any, args: Any, kwargs: Any) -> Any:
+        leaves, spec = tree_flatten((args, kwargs))
+        parts: list[Any] = [func, spec]
+        for x in leaves:
+            if isinstance(x, Tensor):
+                if x.device.type != "meta":
+                    return None
+                parts.append((tuple(x.shape), x.stride(), x.dtype, x.storage_offset()))
+            elif isinstance(x, simple):
+                parts.append((type(x), x))
+            else:
+                return None
+        return tuple(parts)
+
+    def tensor_meta(x: Any) -> Any:
+        return [(tuple(t.shape), t.stride(), t.dtype, t.storage_offset())
+                for t in tree_flatten(x)[0] if isinstance(t, Tensor)]
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            kind = _op_kind(func)
+            key = key_of(func, args, kwargs) if kind is not None else None
+            if kind is not None and kind != "functional":  # in-place
+                _, where, names = kind
+                if key is not None and key in _META_NOOP:
+                    outs = [args[k] if k < len(args) else kwargs[names[k]] for k in where]
+                    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+                before = tensor_meta((args, kwargs)) if key is not None else None
+                out = func(*args, **kwargs)
+                if key is not None and tensor_meta((args, kwargs)) == before:
+                    _META_NOOP.add(key)
+                return out
+            hit = _META_OUT.get(key) if key is not None else None
+            if hit is not None:
+                metas, spec = hit
+                outs = [torch.empty_strided(size, stride, dtype=dtype, device="meta") for size, stride, dtype in metas]
+                out = tree_unflatten(outs, spec)
+            else:
+                out = func(*args, **kwargs)
+                if key is not None:
+                    leaves, spec = tree_flatten(out)
+                    if leaves and all(isinstance(t, Tensor) and t.device.type == "meta" and t.storage_offset() == 0
+                                      and t.untyped_storage().nbytes() == _strided_nbytes(t) for t in leaves):
+                        storages = {t.untyped_storage()._cdata for t in leaves}
+                        fresh = len(storages) == len(leaves) and not any(
+                            isinstance(a, Tensor) and a.untyped_storage()._cdata in storages
+                            for a in tree_flatten((args, kwargs))[0])
+                        if fresh:
+                            _META_OUT[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], spec)
+                outs = tree_flatten(out)[0]
+            if tracker is not None:
+                for t in outs:
+                    tracker.register(t)
+            return out
+
+    return _Mode()
+
+
+def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """scaled_dot_product_attention through the flash kernel's op: saves only output and log-sum-exp.
+
+    On meta tensors PyTorch's SDPA falls back to the math path (it materializes the s×s scores); on CPU
+    and CUDA tensors it runs a flash kernel. Routing to ``aten._scaled_dot_product_flash_attention_for_cpu``
+    (which has meta and CPU kernels and supports grouped-query attention) makes the trace hold what the
+    flash kernels hold.
+    """
+    torch = _torch()
+    if query.device.type not in ("cpu", "meta"):  # CUDA: PyTorch's own SDPA picks its flash kernel
+        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                              scale=scale, enable_gqa=enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # As torch's own SDPA does before any kernel (convert_boolean_attn_mask): a boolean mask (sliding-window
+        # layers, padding) becomes an additive mask in the query's dtype, made per call and saved for backward;
+        # the CPU flash op refuses a boolean one.
+        additive = torch.zeros_like(attn_mask, dtype=query.dtype)
+        attn_mask = additive.masked_fill_(attn_mask.logical_not(), float("-inf"))
+    if query.device.type == "cpu":
+        # The CPU flash kernel has no dropout; CUDA's keeps only an RNG state for it, so the memory held is
+        # the same without it. (A memory trace, not a numerics check.)
+        dropout_p = 0.0
+    dv = value.shape[-1]
+    if dv != query.shape[-1]:
+        # MLA (DeepSeek) has value heads narrower than query/key heads; the flash op wants one head width, so v
+        # is zero-padded and the output cut back (a limitation: v and the output are kept at the q/k width).
+        value = torch.nn.functional.pad(value, (0, query.shape[-1] - dv))
+    out, _lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )
+    return out if out.shape[-1] == dv else out[..., :dv]
+
+
+_ORIGINAL_SDPA: Any = None  # torch's scaled_dot_product_attention, set while _patched is active
+_ORIGINAL_GROUPED_MM: Any = None  # torch's grouped_mm, set while _patched is active
+
+
+def _meta_grouped_mm(mat_a: Any, mat_b: Any, *, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+    """``torch.nn.functional.grouped_mm`` (MoE experts) on meta tensors of any dtype.
+
+    transformers runs a MoE layer's experts as grouped matrix products over all b·s·k (token, expert) pairs
+    sorted by expert: the tensors' sizes do not depend on how the router splits the tokens, so a meta trace
+    (no values, no routing) holds what any routing holds, balanced routing (b·s·k/E tokens per expert)
+    included. PyTorch's meta kernel accepts only bf16; for fp32/fp16 this autograd function makes outputs and
+    gradients of the same shapes as the real op, saving its two inputs as the real op does.
+    """
+    torch = _torch()
+    if mat_a.device.type != "meta" or (mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16):
+        return _ORIGINAL_GROUPED_MM(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
+
+    function: Any = torch.autograd.Function
+
+    class _GroupedMM(function):
+        @staticmethod
+        def forward(ctx: Any, a: Any, b: Any) -> Any:
+            ctx.save_for_backward(a, b)
+            return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype or a.dtype)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            a, b = ctx.saved_tensors
+            return grad.new_empty(a.shape, dtype=a.dtype), grad.new_empty(b.shape, dtype=b.dtype)
+
+    out = _GroupedMM.apply(mat_a, mat_b)
+    return out if bias is None else out + bias
+
+
+def _fused_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """Dropout as CUDA runs it: ``aten.native_dropout``, which saves a 1-byte boolean mask.
+
+    On CPU and meta, ``F.dropout`` decomposes into ``empty_like(x).bernoulli_()`` and saves a mask in the
+    input's dtype (2 or 4 bytes); the fused CUDA kernel keeps one byte per element.
+    """
+    torch = _torch()
+    if not training or p == 0.0:
+        return input
+    out, _mask = torch.ops.aten.native_dropout(input, p, True)
+    return out
+
+
+@contextlib.contextmanager
+def _patched(flash_sdpa: bool) -> Iterator[None]:
+    """Route SDPA to the flash op (if asked) and skip transformers' packed-sequence probe.
+
+    The probe (``find_packed_sequence_indices``) calls ``.item()``, which meta tensors cannot answer; our
+    inputs are one unpacked sequence per row, for which it returns None.
+    """
+    torch = _torch()
+    import transformers.masking_utils as masking
+
+    global _ORIGINAL_SDPA, _ORIGINAL_GROUPED_MM
+    original_sdpa = _ORIGINAL_SDPA = torch.nn.functional.scaled_dot_product_attention
+    original_grouped_mm = _ORIGINAL_GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None)
+    if original_grouped_mm is not None:
+        torch.nn.functional.grouped_mm = _meta_grouped_mm
+    original_dropout = torch.nn.functional.dropout
+    original_probe = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    torch.nn.functional.dropout = _fused_dropout
+    if flash_sdpa:
+        torch.nn.functional.scaled_dot_product_attention = _flash_sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original_sdpa
+        if original_grouped_mm is not None:
+            torch.nn.functional.grouped_mm = original_grouped_mm
+        torch.nn.functional.dropout = original_dropout
+        masking.find_packed_sequence_indices = original_probe
+
+
+def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str = "meta",
+                dtype: str = "fp32", attention: str = "sdpa", overrides: dict[str, Any] | None = None) -> Any:
+    """Build the transformers causal-LM model of a config, without downloading anything.
+
+    Introduced in Chapter 1.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        device: ``"meta"`` (no memory), ``"cpu"`` or ``"cuda"``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        attention: ``"eager"`` or ``"sdpa"`` (transformers' ``attn_implementation``).
+        overrides: config fields to replace (e.g. ``{"num_hidden_layers": 2}``).
+
+    Returns:
+        The ``torch.nn.Module`` in train mode.
+    """
+    torch = _torch()
+    check_choice("attention", attention, ("eager", "sdpa"))
+    check_choice("dtype", dtype, ("fp32", "bf16", "fp16"))
+    cfg = load_config(model, any_family=True)
+    raw = _with_layers(dict(cfg.raw), overrides)
+    load_config(raw, any_family=True)  # validate the overridden config
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover
+        raise ImportError("building models needs transformers: pip install transformers") from None
+    transformers.logging.set_verbosity_error()
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    native = raw["model_type"] in _CLASSES
+    if native:
+        config_cls, model_cls = _model_classes(raw["model_type"])
+        hf_cfg = config_cls(**raw)
+    else:  # any causal LM transformers knows, through its auto classes
+        from ..core.configs import transformers_config
+
+        hf_cfg = transformers_config(raw)
+        model_cls = None
+    hf_cfg._attn_implementation = attention
+    hf_cfg.use_cache = False
+    try:
+        built = _build(native, model_cls if native else None, hf_cfg, attention, device)
+    except ValueError as e:  # transformers refuses an attention implementation the family lacks
+        msg = " ".join(str(e).split())
+        raise MemlibError(f"transformers cannot build model_type {raw['model_type']!r} with attention "
+                          f"{attention!r}: {msg[:160]}") from None
+    net = built.to(torch_dtype)
+    net.train()
+    return net
+
+
+def _build(native: bool, model_cls: Any, hf_cfg: Any, attention: str, device: str) -> Any:
+    """Instantiate the causal-LM class (its own class for memlib's families, the auto class otherwise)."""
+    torch = _torch()
+    with torch.device(device):
+        if native:
+            net = model_cls._from_config(hf_cfg, attn_implementation=attention)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            net = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention)
+    return net
+
+
+# model_type -> (config class, causal-LM class), imported from their own modules: the auto classes would
+# import transformers' whole auto machinery first (a third of a second of `memlib trace`).
+_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+            "gemma": ("GemmaConfig", "GemmaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+            "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+            "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+            "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM")}
+
+
+def _with_layers(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` updated with ``overrides``; a new layer count also cuts per-layer lists (``layer_types``) to it."""
+    raw.update(overrides or {})
+    n = (overrides or {}).get("num_hidden_layers")
+    if isinstance(n, int):
+        for key in ("layer_types",):
+            value = raw.get(key)
+            if isinstance(value, list) and len(value) > n and key not in (overrides or {}):
+                raw[key] = value[:n]
+    return raw
+
+
+def _model_classes(model_type: str) -> tuple[Any, Any]:
+    import importlib
+
+    config_name, model_name = _CLASSES[model_type]
+    configs = importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}")
+    models = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    return getattr(configs, config_name), getattr(models, model_name)
+
+
+def _make_optimizer(name: str, params: list[Any]) -> Any:
+    torch = _torch()
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=True)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    if name == "adamw":
+        # foreach=True is PyTorch's default on CUDA; set it explicitly so meta and CPU traces match a GPU.
+        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    try:
+        import bitsandbytes as bnb
+    except ImportError:  # pragma: no cover
+        raise ImportError("adamw-8bit needs bitsandbytes: pip install bitsandbytes") from None
+    return bnb.optim.AdamW8bit(params, lr=1e-4)
+
+
+def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1, seq_len: int = 512,
+                   precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
+                   recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
+                   seed: int = 0, extrapolate: bool = True,
+                   model_hook: Callable[[Any], Any] | None = None) -> TraceResult:
+    """Trace a steady-state training step of the transformers model and return its peak.
+
+    Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
+    logits to fp32) + backward + ``optimizer.step()`` + ``zero_grad(set_to_none=True)``. Steady state means
+    the optimizer states already exist: a warm-up optimizer step on zero gradients creates them exactly as a
+    first training step would, then the traced step runs. ``use_cache`` is off, as in training.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        batch_size: sequences per step (micro-batch).
+        seq_len: tokens per sequence.
+        precision: ``fp32``; ``bf16``/``fp16`` (everything in 16 bits, what ``model.to(torch.bfloat16)``
+            with ``torch.optim.AdamW`` holds); ``bf16-mixed``/``fp16-mixed`` (16-bit weights and gradients,
+            fp32 master weights held by the optimizer, gradients cast to fp32 one tensor at a time).
+        optimizer: ``sgd``, ``sgd-momentum``, ``adamw`` (``foreach=True``, the CUDA default) or ``adamw-8bit``
+            (bitsandbytes; not on meta).
+        attention: ``eager`` (materializes the scores) or ``sdpa`` (flash kernel: output + log-sum-exp).
+        recompute: ``none`` or ``full`` (transformers' gradient checkpointing, ``use_reentrant=False``).
+        device: ``meta`` (no memory), ``cpu`` (real tensors: small models only) or ``cuda``.
+        overrides: config fields to replace, e.g. fewer layers.
+        seed: seed for the random inputs and initialization.
+        extrapolate: on the meta device, for models of more than 5 layers, trace the same model with 3, 4
+            and 5 layers and extrapolate to all of them. The decoder layers are identical, so every
+            segment's maximum (a layer's forward, its backward, its optimizer step, the rest) is an affine
+            function of the layer index and the depth; the fit is checked exactly (integers) on all traced
+            points and the full trace runs instead if any point disagrees. The tests compare the two.
+        model_hook: called with the freshly built model; returns the model to trace (Chapter 4 wraps runs
+            of decoder layers in ``torch.utils.checkpoint`` this way).
+
+    Returns:
+        The steady-state peak and its breakdown.
+
+    Limitations:
+        Counts tensor storages only: no allocator rounding, CUDA context or library workspaces. With
+        ``device="cuda"`` the settings also carry ``cuda_max_memory_allocated`` and ``cuda_max_memory_reserved``
+        of the second step, read from the CUDA caching allocator (Chapter 1's lab compares them).
+    """
+    torch = _torch()
+    cfg = load_config(model, any_family=True)
+    batch_size = check_positive("batch_size", batch_size)
+    seq_len = check_positive("seq_len", seq_len)
+    limits = (dataclasses.replace(load_config({**cfg.raw, **overrides}, any_family=True), name=cfg.name)
+              if overrides else cfg)
+    check_seq_len(limits, seq_len)  # transformers would fail on longer inputs (GPT-2: IndexError)
+    check_choice("precision", precision, TRACE_PRECISIONS)
+    check_choice("optimizer", optimizer, TRACE_OPTIMIZERS)
+    check_choice("attention", attention, ("eager", "sdpa"))
+    check_choice("recompute", recompute, ("none", "full"))
+    check_choice("device", device, ("meta", "cpu", "cuda"))
+    if optimizer == "adamw-8bit" and device == "meta":
+        raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
+    layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
+    num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
+    kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                            attention=attention, recompute=recompute, device=device, seed=seed)
+    lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
+    if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
+            and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
+        runs = {}
+        for n in (lead + 3, lead + 4, lead + 5):
+            tracker, _ = _trace_once(cfg, model_hook=model_hook, overrides={**(overrides or {}), layer_key: n}, segments=True, **kw)
+            runs[n] = tracker.seg_peaks
+        fit = _extrapolate(runs, num_layers, lead)
+        if fit is not None:
+            peak, totals, phase = fit
+            settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
+                        "optimizer": optimizer, "attention": attention, "recompute": recompute}
+            return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
+                               peak_phase=phase, device=device, settings=settings, method="extrapolated")
+    tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
+    return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
+                       peak_phase=tracker.peak_phase, device=device, settings=settings)
+
+
+def _leading_layers(cfg: ModelConfig, overrides: dict[str, Any] | None) -> int | None:
+    """Layers before the run of identical layers of a MoE family memlib derives (from the config, no build).
+
+    DeepSeek's ``first_k_dense_replace`` dense layers come first, then identical MoE layers: that many. Every
+    layer a MoE layer (Mixtral, Qwen with ``decoder_sparse_step`` 1): 0. MoE every n-th layer, ``mlp_only_layers``
+    in between or Qwen's sliding-window layers: None (the full model is traced).
+    """
+    if overrides:
+        cfg = load_config({**cfg.raw, **overrides})
+    moe = cfg.moe
+    assert moe is not None
+    first = moe.moe_layers[0] if moe.moe_layers else cfg.num_layers
+    if moe.moe_layers != tuple(range(first, cfg.num_layers)) or cfg.raw.get("use_sliding_window"):
+        return None
+    return first
+
+
+def _identical_layers(cfg: ModelConfig, overrides: dict[str, Any] | None, attention: str) -> bool:
+    """Whether every decoder layer of the model is built alike (same modules, shapes and settings).
+
+    Extrapolating from 3 to 5 layers assumes it; a model with dense first layers (DeepSeek), MoE every n-th
+    layer or alternating sliding-window and global layers (Gemma 2/3) is traced in full instead. Checked on
+    the full-depth model built on the meta device.
+    """
+    net = build_model(cfg, device="meta", attention=attention, overrides=overrides)
+
+    def signature(layer: Any) -> Any:
+        parts: list[Any] = []
+        for name, mod in layer.named_modules():
+            simple = sorted((k, v) for k, v in vars(mod).items() if not k.startswith("_") and k != "layer_idx"
+                            and isinstance(v, (int, float, str, bool, type(None))))
+            parts.append((name, type(mod).__name__, tuple(simple)))
+        parts.extend((name, tuple(p.shape)) for name, p in layer.named_parameters())
+        return tuple(parts)
+
+    return len({signature(layer) for layer in _decoder_layers(net)}) == 1
+
+
+class _StepOptions(TypedDict):
+    """The settings :func:`trace_training` hands :func:`_trace_once` for every depth it traces."""
+
+    batch_size: int
+    seq_len: int
+    precision: str
+    optimizer: str
+    attention: str
+    recompute: str
+    device: str
+    seed: int
+
+
+def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
+                recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
+                model_hook: Callable[[Any], Any] | None = None) -> tuple[MemoryTracker, dict[str, Any]]:
+    """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
+    torch = _torch()
+    torch.manual_seed(seed)
+    model_dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
+    tracker = MemoryTracker(device)
+    net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
+    if model_hook is not None:
+        net = model_hook(net)
+    if recompute == "full":
+        if hasattr(net, "activation_checkpointing_enable"):  # transformers ≥ 5.x name
+            net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # pragma: no cover - older transformers
+            net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in net.parameters() if p.requires_grad]
+    owner: dict[int, Any] = {}
+    if segments:
+        owner = _segment_hooks(net, tracker)
+    for p in params:
+        tracker.register(p, MemCategory.PARAM)
+    for b in net.buffers():
+        tracker.register(b, MemCategory.BUFFER)
+    mixed = precision.endswith("-mixed")
+    with tracker.mode():
+        masters = [p.detach().float().clone() for p in params] if mixed else []
+    for m in masters:
+        tracker.reclassify(m, MemCategory.OPTIMIZER)
+        m.requires_grad_(True)
+    # Mixed precision: one optimizer per master tensor, so each step touches only the tensor being updated.
+    opts = [_make_optimizer(optimizer, [m]) for m in masters] if mixed else [_make_optimizer(optimizer, params)]
+    for p in params:
+        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
+    vocab = int(net.config.vocab_size)
+    input_ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)  # (B, T)
+    tracker.register(input_ids, MemCategory.ACTIVATION)
+
+    def step() -> None:
+        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+            loss = net(input_ids=input_ids, labels=input_ids).loss
+        with tracker.phase_of("backward", MemCategory.TEMP):
+            if segments:
+                tracker.set_segment("loss-backward")
+            loss.backward()
+            del loss
+        with tracker.phase_of("optimizer", MemCategory.TEMP):
+            if mixed:
+                # One tensor at a time: cast its 16-bit gradient to fp32, update the fp32 master, copy back.
+                for p, m, opt in zip(params, masters, opts):
+                    if segments:
+                        tracker.set_segment(owner[id(p)])
+                    m.grad = p.grad.float()
+                    p.grad = None
+                    opt.step()
+                    m.grad = None
+                    with torch.no_grad():
+                        p.copy_(m)
+            else:
+                if segments:
+                    tracker.set_segment("optimizer")
+                opts[0].step()
+                opts[0].zero_grad(set_to_none=True)
+            net.zero_grad(set_to_none=True)
+
+    # Warm-up: one optimizer step on zero gradients creates the optimizer states exactly as a first training
+    # step would (a full first forward/backward would only cost time: nothing else outlives a step).
+    warm = _cached_meta_mode(None) if device == "meta" and META_CACHE else contextlib.nullcontext()
+    with warm:
+        for opt in opts:
+            for group in opt.param_groups:
+                for t in group["params"]:
+                    t.grad = torch.zeros_like(t)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    if segments:
+        tracker.segment = "start"
+    with _patched(attention == "sdpa"), tracker.mode():
+        for state in (st for opt in opts for st in opt.state.values()):
+            for name, value in state.items():
+                if name == "step":  # a host-side scalar in PyTorch's optimizers, not device memory
+                    tracker.forget(value)
+                else:
+                    tracker.reclassify(value, MemCategory.OPTIMIZER)
+        tracker.reset_peak()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            allocated_before = torch.cuda.memory_allocated()
+        step()
+    settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
+                "optimizer": optimizer, "attention": attention, "recompute": recompute}
+    if device == "cuda":  # the CUDA caching allocator's own view of the same step
+        torch.cuda.synchronize()
+        settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
+        settings["cuda_max_memory_reserved"] = int(torch.cuda.max_memory_reserved())
+        settings["cuda_allocated_before_step"] = int(allocated_before)
+        settings["cuda_device_name"] = torch.cuda.get_device_name()
+    return tracker, settings
+
+
+def _decoder_layers(net: Any) -> Any:
+    """The ModuleList of decoder layers of a transformers causal LM (llama-like, GPT-2, or the longest list)."""
+    torch = _torch()
+    inner: Any = getattr(net, "model", None) or getattr(net, "transformer", None)
+    layers = getattr(inner, "layers", None) if inner is not None else None
+    if layers is None and inner is not None:
+        layers = getattr(inner, "h", None)
+    if layers is None:  # other families (gpt_neox.layers, ...): the longest ModuleList of the model
+        lists = [m for m in net.modules() if isinstance(m, torch.nn.ModuleList)]
+        layers = max(lists, key=len)
+    return layers
+
+
+def _segment_hooks(net: Any, tracker: MemoryTracker) -> dict[int, Any]:
+    """Label the step's segments: ("F", k) layer k's forward, ("B", k) its backward, ("Q", k) its update.
+
+    Returns the optimizer-segment label of every parameter (by ``id``).
+    """
+    torch = _torch()
+    layers = _decoder_layers(net)
+    n = len(layers)
+
+    def forwarding() -> bool:
+        return tracker.phase == "forward"
+
+    for k, layer in enumerate(layers, start=1):
+        def pre(mod: Any, args: Any, kwargs: Any, k: int = k) -> None:
+            if forwarding():
+                tracker.set_segment(("F", k))
+                x = args[0] if args else kwargs.get("hidden_states")
+                if k == 1 and isinstance(x, torch.Tensor) and x.requires_grad:
+                    x.register_hook(lambda g: tracker.set_segment("embedding-backward"))
+
+        def post(mod: Any, args: Any, out: Any, k: int = k) -> None:
+            if forwarding():
+                y = out[0] if isinstance(out, (tuple, list)) else out
+                if isinstance(y, torch.Tensor) and y.requires_grad:
+                    y.register_hook(lambda g, k=k: tracker.set_segment(("B", k)))
+                if k == n:
+                    tracker.set_segment("head")
+
+        layer.register_forward_pre_hook(pre, with_kwargs=True)
+        layer.register_forward_hook(post)
+    owner: dict[int, Any] = {}
+    in_layers = {id(p): k for k, layer in enumerate(layers, start=1) for p in layer.parameters()}
+    seen_layer = False
+    for p in net.parameters():
+        if id(p) in in_layers:
+            owner[id(p)] = ("Q", in_layers[id(p)])
+            seen_layer = True
+        else:
+            owner[id(p)] = "optimizer-after" if seen_layer else "optimizer-before"
+    return owner
+
+
+_LAYER_ORDER = {"F": 1, "B": -1, "Q": 1}  # direction of time along the layer index in each kind
+
+
+def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], str]]],
+                 num_layers: int, lead: int = 0) -> tuple[int, dict[MemCategory, int], str] | None:
+    """Peak of an ``num_layers``-layer step from segment maxima traced at 3, 4 and 5 layers, or None.
+
+    A non-layer segment's maximum must be affine in the depth L; a layer segment's, affine in (k, L). Every
+    traced point is checked exactly; any mismatch returns None (the caller then traces the full model).
+    With ``lead`` layers that differ from the rest (DeepSeek's dense first layers), the depths traced are
+    lead + 3, 4, 5 and each of the first lead + 1 layers is its own affine function of the depth.
+    """
+    cats = list(MemCategory)
+
+    def vec(entry: tuple[int, dict[MemCategory, int], str]) -> tuple[int, ...]:
+        return (entry[0], *(entry[1][c] for c in cats))
+
+    depths = sorted(runs)
+    first = runs[depths[0]]
+    plain = [lab for lab in first if not isinstance(lab, tuple)]
+    kinds = sorted({lab[0] for run in runs.values() for lab in run if isinstance(lab, tuple)})
+    if any({lab for lab in run if not isinstance(lab, tuple)} != set(plain) for run in runs.values()):
+        return None
+    candidates: list[tuple[tuple[int, ...], str, int]] = []  # (vector, phase, time order)
+    order = {lab: i for i, lab in enumerate(first)}
+    for lab in plain:
+        vs = [vec(runs[d][lab]) for d in depths]
+        if len({runs[d][lab][2] for d in depths}) != 1:
+            return None
+        step = tuple(b - a for a, b in zip(vs[0], vs[1]))
+        for d, v in zip(depths, vs):
+            if tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v:
+                return None
+        candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)),
+                           runs[depths[0]][lab][2], order[lab] * 10**6))
+    for kind in kinds:
+        pts = {(lab[1], d): runs[d][lab] for d in depths for lab in runs[d] if isinstance(lab, tuple) and lab[0] == kind}
+        if set(pts) != {(k, d) for d in depths for k in range(1, d + 1)} or len({e[2] for e in pts.values()}) != 1:
+            return None
+        phase = next(iter(pts.values()))[2]
+        t0 = order.get((kind, 1), 10**9)
+        forward_in_k = _LAYER_ORDER.get(kind, 1) > 0
+        # The first and the last layer may differ from the others (the embedding output stays referenced
+        # through the forward; the last output feeds the final norm): each is its own affine function of the
+        # depth. The layers in between are affine in (k, depth).
+        for edge in [*range(1, lead + 2), 0]:  # the first lead + 1 layers, then the last (0)
+            ks = {d: edge or d for d in depths}
+            vs = [vec(pts[(ks[d], d)]) for d in depths]
+            step = tuple(b - a for a, b in zip(vs[0], vs[1]))
+            if any(tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v for d, v in zip(depths, vs)):
+                return None
+            k_at = edge or num_layers
+            rank = k_at if forward_in_k else num_layers - k_at
+            candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)), phase,
+                               t0 * 10**6 + rank))
+        mid = {(k, d): vec(e) for (k, d), e in pts.items() if lead + 1 < k < d}
+        if not mid:
+            continue
+        (k0, d0) = min(mid, key=lambda kd: (kd[1], kd[0]))
+        if (k0 + 1, d0 + 1) not in mid or (k0, d0 + 1) not in mid:
+            return None
+        v00, v01, v11 = mid[(k0, d0)], mid[(k0, d0 + 1)], mid[(k0 + 1, d0 + 1)]
+        bk = tuple(y - x for x, y in zip(v01, v11))
+        cd = tuple(y - x for x, y in zip(v00, v01))
+
+        def at(k: int, depth: int) -> tuple[int, ...]:
+            return tuple(a + (k - k0) * b + (depth - d0) * c for a, b, c in zip(v00, bk, cd))
+
+        if len(mid) < 4 or any(at(k, d) != v for (k, d), v in mid.items()):
+            return None
+        if num_layers >= lead + 3:
+            for k in (lead + 2, num_layers - 1):
+                rank = k if forward_in_k else num_layers - k
+                candidates.append((at(k, num_layers), phase, t0 * 10**6 + rank))
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: c[2])
+    best = max(candidates, key=lambda c: c[0][0])  # max() keeps the first (earliest) of equal peaks
+    return best[0][0], dict(zip(cats, best[0][1:])), best[1]

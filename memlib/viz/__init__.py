@@ -1,0 +1,1 @@
+"""memlib.viz: drawing only: matplotlib figures, ipywidgets and the HTML/SVG of the live calculators."""
