@@ -2,7 +2,8 @@
 
 * Adds ``vendor/memlib-live.js`` (the loader, the book's own file) to each page that holds a calculator
   (an element of class ``memlib-live``), and to no other page.
-* Writes memlib's pure modules (:data:`memlib.viz.live.LIVE_MODULES` and the shipped model configs) as one zip to
+* Writes memlib's pure modules (:data:`memlib.viz.live.LIVE_MODULES`) and their data files
+  (:data:`memlib.viz.live.LIVE_DATA`: the shipped model configs, the drills' question bank) as one zip to
   ``<site>/live/memlib.zip``; pages fetch it as ``live/memlib.zip?v=<sha256[:12]>`` (``window.MEMLIB_LIVE``), so
   a browser never runs a stale cached copy after a rebuild. (One fixed file name: a page an incremental build
   does not rewrite keeps an older ``?v=`` but still gets the current zip.)
@@ -33,12 +34,16 @@ LOADER = "../vendor/memlib-live.js"  # vendor/site/vendor/memlib-live.js; relati
 
 def memlib_zip(repo: Path = REPO) -> bytes:
     """The zip of memlib's modules the calculators import, byte-identical for identical sources."""
-    # LIVE_MODULES is read from the source, not imported: the build's Python may hold another memlib.
+    # LIVE_MODULES and LIVE_DATA are read from the source, not imported: the build's Python may hold another memlib.
     tree = ast.parse((repo / "memlib" / "viz" / "live.py").read_text(encoding="utf-8"))
-    modules = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.AnnAssign)
-                   and isinstance(node.target, ast.Name) and node.target.id == "LIVE_MODULES")
-    files = [f"memlib/{m}.py" for m in modules]
-    files += sorted(p.relative_to(repo).as_posix() for p in (repo / "memlib" / "core" / "configs").glob("*.json"))
+    lists = {node.target.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.AnnAssign)
+             and isinstance(node.target, ast.Name) and node.target.id in ("LIVE_MODULES", "LIVE_DATA")}
+    files = [f"memlib/{m}.py" for m in lists["LIVE_MODULES"]]
+    for pattern in lists["LIVE_DATA"]:
+        found = sorted(p.relative_to(repo).as_posix() for p in (repo / "memlib").glob(pattern))
+        if not found:
+            raise FileNotFoundError(f"LIVE_DATA pattern {pattern!r} matches no file under memlib/")
+        files += found
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for rel in files:

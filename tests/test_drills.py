@@ -42,6 +42,7 @@ from memlib.core.configs import load_config
 from memlib.core.estimate import estimate_inference, estimate_training, korthikanti_activation_bytes
 from memlib.core.flops import matmul_params, palm_flops
 from memlib.core.params import count_params
+from memlib.drills.bank import BANK_FILE, load_bank, parse_bank
 from memlib.drills.widgets import check_card, next_card, reveal_card
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +126,82 @@ def test_bank_covers_every_chapter_with_forty_more() -> None:
     assert {q.difficulty for q in QUESTIONS} == {"E", "M", "H"}
     assert len({q.id for q in QUESTIONS}) == len(QUESTIONS)
     assert len({q.text for q in QUESTIONS}) == len(QUESTIONS)
+
+
+def _entry(**changes: object) -> dict[str, object]:
+    """A valid bank entry, with ``changes`` applied (a value of None removes the key)."""
+    e: dict[str, object] = {"id": "x-1", "chapter": 6, "difficulty": "M", "topic": "ZeRO", "text": "What?",
+                            "answer": ["Stage 1 shards", "the optimizer states."]}
+    e.update(changes)
+    return {k: v for k, v in e.items() if v is not None}
+
+
+def test_bank_is_a_data_file_shipped_with_the_package() -> None:
+    """The questions live in memlib/drills/bank.json, are loaded from the package, and ship in the wheel."""
+    raw = json.loads((ROOT / "memlib" / "drills" / BANK_FILE).read_text(encoding="utf-8"))
+    assert load_bank() is QUESTIONS  # loaded once, on import
+    assert [e["id"] for e in raw["questions"]] == [q.id for q in QUESTIONS]
+    assert parse_bank(raw) == QUESTIONS
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"memlib.drills" = ["bank.json"]' in pyproject
+
+
+def test_bank_entry_lines_are_joined_with_single_spaces() -> None:
+    (q,) = parse_bank({"questions": [_entry(text="  What\n does  it  shard? ", answer=["a  b", " c"])]})
+    assert q.text == "What does it shard?" and q.answer == "a b c" and q.source == "book" and q.text_zh == ""
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"chapters": 6}, r"question 0 \('x-1'\): unknown key 'chapters'; expected one of: id, chapter, difficulty"),
+    ({"topic": None}, r"question 0 \('x-1'\): missing key 'topic'; required: id, chapter"),
+    ({"id": None}, r"question 0: missing key 'id'"),
+    ({"chapter": "6"}, r"question 0 \('x-1'\): chapter must be int, got '6'"),
+    ({"chapter": True}, r"chapter must be int, got True"),
+    ({"answer": "one string"}, r"answer must be list"),
+    ({"answer": []}, r"answer must be a non-empty list of strings"),
+    ({"answer": ["ok", 3]}, r"answer must be a non-empty list of strings"),
+    ({"chapter": 16}, r"question 0 \('x-1'\): unknown chapter 16; expected one of: 1, 2"),
+    ({"difficulty": "X"}, r"question 0 \('x-1'\): unknown difficulty 'X'; expected one of: E, M, H"),
+    ({"source": "blog"}, r"question 0 \('x-1'\): unknown source 'blog'"),
+    ({"text": "   "}, r"id, text and answer must not be empty"),
+])
+def test_bank_rejects_a_bad_entry_naming_it(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(MemlibError, match=message):
+        parse_bank({"questions": [_entry(**changes)]}, "bank.json")
+
+
+def test_bank_rejects_duplicate_ids_and_bad_structure() -> None:
+    with pytest.raises(MemlibError, match=r"bank.json question 1 \('x-1'\): duplicate id, first used by question 0"):
+        parse_bank({"questions": [_entry(), _entry(text="Another?")]})
+    with pytest.raises(MemlibError, match="bank.json: unknown key 'question'; expected one of: about, questions"):
+        parse_bank({"question": []})
+    with pytest.raises(MemlibError, match="'questions' must be a list"):
+        parse_bank({"questions": {}})
+    with pytest.raises(MemlibError, match="question 0: expected an object, got str"):
+        parse_bank({"questions": ["x"]})
+    with pytest.raises(MemlibError, match="expected a JSON object"):
+        parse_bank([])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(range(len(QUESTIONS))), unique=True, max_size=12))
+def test_bank_round_trips_any_subset(indices: list[int]) -> None:
+    """Writing questions back as entries (answer split into lines anywhere) and parsing gives them back."""
+    picked = [QUESTIONS[i] for i in indices]
+    entries = []
+    for q in picked:
+        words = q.answer.split(" ")
+        e = _entry(id=q.id, chapter=q.chapter, difficulty=q.difficulty, topic=q.topic, text=q.text,
+                   answer=[" ".join(words[:3]), " ".join(words[3:])] if len(words) > 3 else [q.answer])
+        e.update({"source": q.source} if q.source != "book" else {})
+        e.update({"text_zh": q.text_zh} if q.text_zh else {})
+        entries.append(e)
+    assert parse_bank({"about": ["x"], "questions": entries}) == tuple(picked)
+
+
+def test_drills_modules_are_small() -> None:
+    for path in sorted((ROOT / "memlib" / "drills").glob("*.py")):
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 700, path.name
 
 
 def test_answers_have_numbers_from_memlib() -> None:

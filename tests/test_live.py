@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from memlib.core.errors import MemlibError
 from memlib.core.estimate import OPTIMIZERS, PRECISIONS, estimate_training
 from memlib.core import formats as fm
-from memlib.viz.live import LIVE_KINDS, LIVE_MODULES, OFFLOAD_PARTS, offload_breakdown, render, training_verdict
+from memlib.viz.live import (LIVE_DATA, LIVE_KINDS, LIVE_MODULES, OFFLOAD_PARTS, offload_breakdown, render,
+                             training_verdict)
 from memlib.core.offload import offload_step_time
 from memlib.core.params import count_params
 from memlib.viz.widgets import training_view
@@ -135,9 +136,11 @@ def test_the_browser_zip_imports_with_the_standard_library_only(tmp_path: Path) 
         names = zf.namelist()
         zf.extractall(tmp_path)
     assert {f"memlib/{m}.py" for m in LIVE_MODULES} <= set(names) and "memlib/core/configs/gpt2.json" in names
+    assert "memlib/drills/bank.json" in names and "drills/bank.json" in LIVE_DATA  # the drill card's question bank
     code = (f"import sys\nfor m in {HEAVY!r}: sys.modules[m] = None\nsys.path.insert(0, {str(tmp_path)!r})\n"
             "import memlib.viz.live as L\nassert L.__file__.startswith(sys.path[0]), L.__file__\n"
             "for k in L.LIVE_KINDS: L.render(k, live=True)\n"
+            "import memlib.drills as D\nassert D.__file__.startswith(sys.path[0]) and len(D.QUESTIONS) > 0\n"
             "import os\nprint(sorted(os.path.relpath(m.__file__, os.path.join(sys.path[0], 'memlib'))[:-3]\n"
             "             for n, m in sys.modules.items() if n == 'memlib' or n.startswith('memlib.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)

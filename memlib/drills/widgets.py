@@ -5,7 +5,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from . import CHAPTERS, Drill, grade, make_drills, parse_answer
+from .bank import CHAPTERS
+from .engine import Drill, grade, make_drills, parse_answer
 from ..core.errors import MemlibError
 
 __all__ = ["CardState", "check_card", "reveal_card", "next_card", "flashcard_widget"]

@@ -37,8 +37,8 @@ from ..core.inference import max_batch_size, max_seq_len, reserve_bytes
 from .plots import CATEGORY_COLORS, peak_composition
 from ..drills.widgets import CardState, check_card, next_card, reveal_card
 
-__all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "plan_verdict", "render",
-           "serve_parts", "training_verdict"]
+__all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "plan_verdict",
+           "render", "serve_parts", "training_verdict"]
 
 #: memlib's modules the live calculators import, as paths under memlib/ without .py (shipped to the browser as one
 #: zip by the book build).
@@ -46,8 +46,12 @@ LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/attention_terms", "core/categories", "core/configs", "core/dtypes",
     "core/errors", "core/estimate", "core/families_dense", "core/families_moe", "core/flops", "core/formats",
     "core/gpus", "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan",
-    "core/search", "core/serve", "drills/__init__", "drills/widgets", "viz/__init__", "viz/live", "viz/plots",
+    "core/search", "core/serve", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts",
+    "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__", "viz/live", "viz/plots",
 )
+#: Data files the live calculators read, as glob patterns under memlib/ (shipped in the same zip): the model
+#: configs and the drills' question bank.
+LIVE_DATA: tuple[str, ...] = ("core/configs/*.json", "drills/bank.json")
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 ZERO_STAGES = (0, 1, 2, 3)

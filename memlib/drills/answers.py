@@ -1,0 +1,316 @@
+"""The numbers the model answers of the question bank quote, computed with memlib (Drills part).
+
+A model answer in ``bank.json`` writes ``{{name}}`` where a number goes; :func:`answer_numbers` computes every
+such number with memlib (never typed by hand) and :func:`memlib.drills.concepts.render_answer` fills them in.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ..core.configs import load_config
+from ..core.dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS
+from ..core.estimate import estimate_inference, estimate_training, state_bytes_per_param
+from ..core.flops import matmul_params, palm_flops
+from ..core.gpus import get_gpu
+from ..core.inference import forward_activation_bytes, reserve_bytes, serving_fit
+from ..core.lora import lora_params, qlora_base_bytes
+from ..core.params import count_params
+from ..core.serve import (DEFAULT_CUDA_GRAPH, DEFAULT_NON_TORCH, decode_bytes_per_step, decode_latency_s, serve,
+                          serve_kv_bytes_per_token)
+from .engine import _gb, _gib
+from .numeric import korthikanti_bytes
+
+__all__ = ["Number", "answer_numbers"]
+
+
+@dataclass(frozen=True)
+class Number:
+    """A number quoted in a model answer. Introduced in the Drills part.
+
+    Attributes:
+        value: the formatted value with its unit (``"107.81 GB"``).
+        how: the memlib computation it comes from, as a Python expression or formula.
+    """
+
+    value: str
+    how: str
+
+
+def _lora_params(model: str, rank: int, targets: str) -> int:
+    """LoRA parameters r·(d_in + d_out) per adapted matrix, all layers; targets ``"attn"`` or ``"all"``."""
+    return lora_params(model, rank, "attention" if targets == "attn" else "all-linear")
+
+
+@lru_cache(maxsize=1)
+def answer_numbers() -> dict[str, Number]:
+    """Every number the model answers quote, computed with memlib. Introduced in the Drills part.
+
+    Returns:
+        name → :class:`Number`; the placeholders ``{{name}}`` in :data:`QUESTIONS` refer to these names.
+    """
+    n: dict[str, Number] = {}
+
+    def put(key: str, value: str, how: str) -> None:
+        n[key] = Number(value, how)
+
+    p7 = count_params("llama-7b").params
+    put("p7", f"{p7 / 1e9:.2f} B", "count_params('llama-7b').params")
+    put("states7", _gb(16 * p7), "estimate_training('llama-7b').model_states_bytes")
+    put("states7_seed", _gb(16 * 7e9, 0), "16 × 7e9 bytes")
+    for att in ("sdpa", "eager"):
+        e = estimate_training("llama-2-7b", batch_size=4, seq_len=4096, attention=att)
+        put(f"act7_{att}", _gb(e.activations_bytes or 0, 0),
+            f"estimate_training('llama-2-7b', batch_size=4, seq_len=4096, attention='{att}').activations_bytes")
+        put(f"peak7_{att}", _gb(e.total_bytes, 0),
+            f"estimate_training('llama-2-7b', batch_size=4, seq_len=4096, attention='{att}').total_bytes")
+    for att in ("sdpa", "eager"):
+        term = " + 5·a·s/h" if att == "eager" else ""
+        put(f"k7_{att}", _gb(korthikanti_bytes("llama-2-7b", 4, 4096, att), 0),
+            f"korthikanti_bytes('llama-2-7b', 4, 4096, '{att}'): L × s·b·h·(34{term})")
+    e = estimate_training("llama-2-7b", batch_size=4, seq_len=4096, recompute="full")
+    put("peak7_full", _gb(e.total_bytes, 0), "estimate_training('llama-2-7b', batch_size=4, seq_len=4096, "
+        "recompute='full').total_bytes")
+    # inference (the Tips notes §一)
+    inf = estimate_inference("llama-7b", batch_size=8, seq_len=2048)
+    put("inf7_w", _gb(inf.weights_bytes), "estimate_inference('llama-7b', batch_size=8, seq_len=2048).weights_bytes")
+    put("inf7_kv", _gb(inf.kv_cache_bytes, 2),
+        "estimate_inference('llama-7b', batch_size=8, seq_len=2048).kv_cache_bytes")
+    put("inf7_total", _gb(inf.total_bytes), "estimate_inference('llama-7b', batch_size=8, seq_len=2048).total_bytes")
+    put("inf7_total_gib", _gib(inf.total_bytes),
+        "estimate_inference('llama-7b', batch_size=8, seq_len=2048).total_bytes / 2**30")
+    fit = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048)
+    chunked = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048, prefill_tokens=2048)
+    put("serve7_total", _gb(fit.total_bytes),
+        "serving_fit('llama-7b', 24 * GiB, batch_size=8, seq_len=2048).total_bytes (weights, KV, prefill "
+        "activations, fragmentation, CUDA context)")
+    put("serve7_short", _gb(-fit.headroom_bytes, 2), "−serving_fit('llama-7b', 24 * GiB, batch_size=8, "
+        "seq_len=2048).headroom_bytes")
+    put("serve7_chunked", _gb(chunked.total_bytes), "serving_fit('llama-7b', 24 * GiB, batch_size=8, "
+        "seq_len=2048, prefill_tokens=2048).total_bytes")
+    for fmt in ("int8", "int4", "nf4"):
+        w = estimate_inference("llama-7b", weights=fmt).weights_bytes
+        put(f"inf7_{fmt}", _gb(w), f"estimate_inference('llama-7b', weights='{fmt}').weights_bytes")
+        put(f"save7_{fmt}", f"{100 * (1 - w / inf.weights_bytes):.0f} %", f"1 − {fmt} weights / fp16 weights")
+    put("bpp_int4", f"{WEIGHT_FORMATS['int4']:.4f}", "WEIGHT_FORMATS['int4'] (0.5 + fp32 absmax per 64)")
+    kv8 = estimate_inference("llama-3-8b", batch_size=8, seq_len=2048).kv_cache_bytes
+    put("kv_l38b", _gb(kv8, 2), "estimate_inference('llama-3-8b', batch_size=8, seq_len=2048).kv_cache_bytes")
+    kv8fp8 = estimate_inference("llama-7b", batch_size=8, seq_len=2048, kv_dtype="fp8").kv_cache_bytes
+    put("kv7_fp8", _gb(kv8fp8, 2), "estimate_inference('llama-7b', batch_size=8, seq_len=2048, kv_dtype='fp8')")
+    kv70 = estimate_inference("llama-2-70b", batch_size=1, seq_len=4096).kv_cache_bytes
+    put("kv70", _gb(kv70, 2), "estimate_inference('llama-2-70b', batch_size=1, seq_len=4096).kv_cache_bytes")
+    c70 = load_config("llama-2-70b")
+    put("kv70_mha", _gb(kv70 * c70.num_heads // c70.num_kv_heads, 2), "the same with 64 KV heads (no GQA)")
+    # max batch, llama-2-13b fp16 on an "80 GB" card (80 GiB) at 4096 tokens
+    w13 = estimate_inference("llama-2-13b", batch_size=1, seq_len=4096)
+    put("w13", _gb(w13.weights_bytes), "estimate_inference('llama-2-13b').weights_bytes")
+    put("kv13_per_seq", _gb(w13.kv_cache_bytes, 2), "estimate_inference('llama-2-13b', seq_len=4096).kv_cache_bytes")
+    put("maxbatch13", str(int((80 * GiB - w13.weights_bytes) // w13.kv_cache_bytes)),
+        "⌊(80 GiB − weights) / KV per sequence⌋")
+    put("gpu80_gb", _gb(80 * GiB), "80 × 2**30 bytes: an \"80 GB\" GPU holds 80 GiB")
+    # activations and recomputation, Llama-2-7B (LLaMA-7B's architecture, 4096 positions), batch 1 × 4096
+    for rec in ("none", "selective", "full"):
+        for att in ("sdpa", "eager"):
+            a = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute=rec, attention=att)
+            put(f"act1_{rec}_{att}", _gb(a.activations_bytes or 0),
+                f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, recompute='{rec}', "
+                f"attention='{att}').activations_bytes")
+    # ZeRO, 7B over 8 GPUs
+    for z in range(4):
+        e = estimate_training(params=p7, zero_stage=z, num_gpus=8)
+        put(f"zero{z}_7b", _gb(e.total_bytes), f"estimate_training(params={p7}, zero_stage={z}, num_gpus=8)")
+    p70 = count_params("llama-2-70b").params
+    put("p70", f"{p70 / 1e9:.1f} B", "count_params('llama-2-70b').params")
+    n70 = next(k for k in range(1, 4097) if estimate_training(params=p70, zero_stage=3, num_gpus=k).total_bytes
+               <= 80 * GiB)
+    put("n70_z3", str(n70), "smallest num_gpus with estimate_training(params=Ψ70, zero_stage=3) ≤ 80 GiB")
+    put("states70_z3_16", _gb(estimate_training(params=p70, zero_stage=3, num_gpus=16).total_bytes),
+        "estimate_training(params=Ψ70, zero_stage=3, num_gpus=16)")
+    # optimizers
+    o = estimate_training("llama-7b", optimizer="adamw").optimizer_bytes
+    o8 = estimate_training("llama-7b", optimizer="adamw-8bit").optimizer_bytes
+    put("opt7_adamw", _gb(o), "estimate_training('llama-7b', optimizer='adamw').optimizer_bytes")
+    put("opt7_8bit", _gb(o8), "estimate_training('llama-7b', optimizer='adamw-8bit').optimizer_bytes")
+    put("moments7_save", _gb(o - o8), "AdamW's optimizer_bytes − 8-bit AdamW's")
+    st8 = estimate_training("llama-7b", optimizer="adamw-8bit")
+    put("states7_8bit", _gb(st8.model_states_bytes), "estimate_training('llama-7b', optimizer='adamw-8bit')"
+        ".model_states_bytes")
+    for rec in ("none", "full"):
+        e = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, optimizer="adamw-8bit", recompute=rec)
+        put(f"single7_8bit_{rec}", _gb(e.total_bytes), f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, "
+            f"optimizer='adamw-8bit', recompute='{rec}').total_bytes")
+    put("bpp_8bit", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit'))")
+    put("bpp_sgd", f"{sum(state_bytes_per_param('bf16-mixed', 'sgd')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'sgd'))")
+    put("bpp_sgdm", f"{sum(state_bytes_per_param('bf16-mixed', 'sgd-momentum')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'sgd-momentum'))")
+    put("bpp_adam", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw')):g}",
+        "sum(state_bytes_per_param('bf16-mixed', 'adamw'))")
+    # offloading (ZeRO-Offload: fp16 params on GPU; gradients, master weights and moments on CPU)
+    put("off7_gpu", _gb(2 * p7), "2Ψ (16-bit weights), Ψ = count_params('llama-7b').params")
+    put("off7_cpu", _gb(estimate_training(params=p7, offload="optimizer").cpu_bytes),
+        "estimate_training(params=Ψ, offload='optimizer').cpu_bytes = 16Ψ (fp32 master, m, v + fp32 gradients)")
+    put("off7_pcie", f"{2 * p7 / 25e9:.2f} s", "2Ψ bytes each way (gradients down, weights up, both directions at "
+        "once) / 25 GB/s per direction")
+    # LoRA / QLoRA
+    for tgt in ("attn", "all"):
+        lp = _lora_params("llama-7b", 16, tgt)
+        put(f"lora7_{tgt}", f"{lp / 1e6:.1f} M", f"r·(d_in + d_out) per adapted matrix, r = 16, targets={tgt}")
+        put(f"lora7_{tgt}_pct", f"{100 * lp / p7:.2f} %", "LoRA params / count_params('llama-7b').params")
+    lp = _lora_params("llama-7b", 16, "all")
+    put("lora7_states", _gb(16 * lp, 2), "16 bytes × LoRA params (peft's fp32 adapter weight and grad, fp32 m, v)")
+    put("lora7_frozen", _gb(2 * p7), "2Ψ: frozen bf16 base weights")
+    put("dq65_save", _gb(65e9 * (WEIGHT_FORMATS["int4"] - WEIGHT_FORMATS["nf4"])),
+        "65e9 × (0.5 − 0.127) bits / 8: constants without vs with double quantization")
+    put("fp16_65", _gb(65e9 * 2, 0), "65e9 × 2 bytes")
+    # QLoRA of LLaMA-65B on a 48 GiB card, as Chapters 9 and 13 set it: r = 64 on all linear layers, batch 1 × 512,
+    # full recomputation, with the book's one reserve (1 GiB context + 5 %)
+    l65 = {**load_config("llama-7b").raw, "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+           "num_key_value_heads": 64, "intermediate_size": 22016}
+    kw65: dict[str, Any] = dict(method="qlora", lora_rank=64, precision="bf16-mixed", batch_size=1, seq_len=512,
+                                recompute="full")
+    q32, q8 = (estimate_training(l65, optimizer=o, **kw65) for o in ("adamw", "adamw-8bit"))
+    put("nf4_65", _gb(qlora_base_bytes(l65), 2), "qlora_base_bytes(LLaMA-65B): NF4 decoder matrices, bf16 rest")
+    put("lora65_r64", f"{q32.settings['trainable_params'] / 1e9:.2f} B",
+        "estimate_training(LLaMA-65B, method='qlora', lora_rank=64).settings['trainable_params']")
+    put("qlora65_need32", _gib(q32.total_bytes + reserve_bytes(q32.total_bytes)),
+        "QLoRA r = 64, 32-bit AdamW, batch 1 × 512, full recompute: total_bytes + reserve_bytes(total_bytes)")
+    put("qlora65_need8", _gib(q8.total_bytes + reserve_bytes(q8.total_bytes)),
+        "the same with optimizer='adamw-8bit'")
+    # attention matrix, LLaMA-7B at 8192 tokens, fp16
+    c7 = load_config("llama-7b")
+    head = 8192 * 8192 * 2
+    put("attn_head", f"{head / MiB:.0f} MiB ({head / MB:.1f} MB)", "8192² × 2 bytes")
+    put("attn_layer", _gib(head * c7.num_heads, 0), "× 32 heads")
+    put("attn_model", _gib(head * c7.num_heads * c7.num_layers, 0), "× 32 heads × 32 layers")
+    # the Tips notes' 7B recipe: batch 4 per GPU, accumulation 4, 8 GPUs; sequence 2048 assumed
+    r = estimate_training("llama-7b", batch_size=4, seq_len=2048, zero_stage=2, num_gpus=8, recompute="full")
+    rn = estimate_training("llama-7b", batch_size=4, seq_len=2048, zero_stage=2, num_gpus=8, recompute="none")
+    put("recipe7", _gb(r.total_bytes), "estimate_training('llama-7b', batch_size=4, seq_len=2048, zero_stage=2, "
+        "num_gpus=8, recompute='full')")
+    put("recipe7_nock", _gb(rn.total_bytes), "the same with recompute='none'")
+    put("recipe7_batch", str(4 * 4 * 8), "4 × 4 × 8")
+    # MFU
+    mm7 = matmul_params("llama-7b")
+    attn7 = 12 * c7.num_layers * c7.num_heads * c7.head_dim * 2048
+    per_token7 = palm_flops("llama-7b", 1, 2048) / 2048  # 6·N_matmul + 12·L·H·Q·T
+    put("p7_matmul", f"{mm7 / 1e9:.2f} B", "matmul_params('llama-7b') (LM head in, embedding lookup out)")
+    put("mfu7_dense", f"{6 * mm7 / 1e9:.1f} GFLOP", "6 · matmul_params('llama-7b')")
+    put("mfu7_attn", f"{attn7 / 1e9:.1f} GFLOP", "12 · L · H · Q · T = 12 × 32 × 32 × 128 × 2048")
+    put("mfu7_per_token", f"{per_token7 / 1e9:.1f} GFLOP", "palm_flops('llama-7b', 1, 2048) / 2048")
+    a100 = get_gpu("a100-80gb").peak_flops("bf16")  # 312e12
+    put("mfu7", f"{100 * per_token7 * 3000 / a100:.1f} %", "palm_flops('llama-7b', 1, 2048) / 2048 × 3000 / 312e12")
+    put("mfu7_6n", f"{100 * 6 * p7 * 3000 / a100:.1f} %", "6 · count_params('llama-7b').params × 3000 / 312e12")
+    put("mfu_seed", f"{100 * 100 / 312:.0f} %", "100 / 312")
+    # checkpointing every √L layers
+    L = c7.num_layers
+    k = round(math.sqrt(L))
+    put("sqrt_k", str(k), f"round(√{L})")
+    put("sqrt_units", f"{math.ceil(L / k) + k}", f"⌈{L}/{k}⌉ checkpoints + {k} live layers")
+    _serving_numbers(put)
+    _moe_numbers(put)
+    return n
+
+
+def _moe_numbers(put: Callable[[str, str, str], None]) -> None:
+    """The MoE and MLA questions' numbers (issue 20: :mod:`memlib.core.families_moe`)."""
+    from ..core.families_moe import moe_params
+    from ..core.inference import kv_bytes_per_token
+
+    mx, v3 = moe_params("mixtral-8x7b"), moe_params("deepseek-v3")
+    put("mx_total", f"{mx.total / 1e9:.1f} B", "moe_params('mixtral-8x7b').total")
+    put("mx_active", f"{mx.active / 1e9:.1f} B", "moe_params('mixtral-8x7b').active: 2 of 8 experts per layer")
+    states = estimate_training(params=mx.total).model_states_bytes
+    put("mx_states", _gb(states, 0), "estimate_training(params=moe_params('mixtral-8x7b').total): 16 bytes/param")
+    put("mx_states_active", _gb(estimate_training(params=mx.active).model_states_bytes, 0),
+        "estimate_training(params=moe_params('mixtral-8x7b').active)")
+    put("v3_total", f"{v3.total / 1e9:.0f} B", "moe_params('deepseek-v3').total (without the MTP module)")
+    put("v3_active", f"{v3.active / 1e9:.1f} B", "moe_params('deepseek-v3').active: 8 of 256 routed experts")
+    put("v3_idle", f"{(v3.total - v3.active) / 1e9:.0f} B", "58 MoE layers × (256 − 8) experts × 3 × 7168 × 2048")
+    put("v3_w", _gb(estimate_inference("deepseek-v3", weights="fp16", seq_len=1).weights_bytes, 0),
+        "estimate_inference('deepseek-v3', weights='fp16').weights_bytes")
+    # activations of one Mixtral MoE block vs Mistral-7B's dense MLP (same width 14336), b = 1, s = 2048
+    from ..core.estimate import activation_terms
+
+    moe_names = ("router", "top-k", "experts")
+    mx_terms = activation_terms("mixtral-8x7b", seq_len=2048)
+    moe_block = sum(t.bytes for t in mx_terms if t.name.startswith(moe_names))
+    dense = next(t.bytes for t in activation_terms("mistral-7b", seq_len=2048) if t.name.startswith("MLP gate"))
+    put("mx_moe_act", _gib(moe_block, 2), "sum of activation_terms('mixtral-8x7b', seq_len=2048)'s router, top-k "
+        "and experts terms (one layer)")
+    put("mx_dense_act", _gib(dense, 2), "activation_terms('mistral-7b', seq_len=2048): MLP gate, up, activation, "
+        "product (one layer)")
+    put("mx_rows", f"{2048 * 2:,}", "b·s·k = 1 × 2048 × 2 (token, expert) rows")
+    c3 = load_config("deepseek-v3")
+    assert c3.mla is not None
+    latent = kv_bytes_per_token(c3)
+    full = c3.num_layers * c3.num_heads * (c3.mla.qk_head_dim + c3.mla.v_head_dim) * 2
+    put("v3_kv_tok", f"{latent / 1024:.1f} KiB", "kv_bytes_per_token('deepseek-v3'): 61 × (512 + 64) × 2 bytes")
+    put("v3_kv_full", f"{full / MiB:.2f} MiB", "61 layers × 128 heads × (192 + 128) × 2 bytes: decompressed k and v")
+    put("v3_kv_ratio", f"{full / latent:.0f}×", "decompressed k, v ÷ latent per token")
+    put("v3_kv_128k", _gib(latent * 131072, 1), "kv_bytes_per_token('deepseek-v3') × 131,072 tokens")
+    f2 = serve("deepseek-v2-lite", gpu="h100-sxm", max_model_len=8192)
+    put("v2l_users", f"{f2.max_concurrent_seqs}", "serve('deepseek-v2-lite', gpu='h100-sxm', max_model_len=8192)"
+        ".max_concurrent_seqs")
+    put("v2l_kvtok", f"{f2.kv_bytes_per_token:,} bytes", "serve_kv_bytes_per_token('deepseek-v2-lite'): "
+        "27 × (512 + 64) × 2")
+    c2 = load_config("deepseek-v2-lite")
+    assert c2.mla is not None
+    full2 = c2.num_layers * c2.num_heads * (c2.mla.qk_head_dim + c2.mla.v_head_dim) * 2
+    put("v2l_kvtok_full", f"{full2:,} bytes", "27 layers × 16 heads × (192 + 128) × 2 bytes")
+    put("v2l_kv_ratio", f"{full2 / f2.kv_bytes_per_token:.1f}×", "decompressed k, v ÷ latent per token")
+    v2 = moe_params(c2)
+    put("v2l_total", f"{v2.total / 1e9:.1f} B", "moe_params('deepseek-v2-lite').total")
+    put("v2l_active", f"{v2.active / 1e9:.1f} B", "moe_params('deepseek-v2-lite').active: 6 of 64 routed experts")
+
+
+def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
+    """The serving questions' numbers (vLLM-style budgets from :func:`memlib.core.serve.serve`)."""
+    f = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192)
+    call = "serve('llama-3-8b', gpu='h100-sxm', max_model_len=8192)"
+    put("srv_budget", _gib(f.budget_bytes, 0), f"{call}.budget_bytes: 0.9 × 80 GiB")
+    put("srv_w", _gib(f.weights_bytes, 2), f"{call}.weights_bytes")
+    put("srv_w_gb", _gb(f.weights_bytes, 2), f"{call}.weights_bytes, in GB")
+    put("srv_act", _gib(f.activation_bytes, 2), f"{call}.activation_bytes: forward_activation_bytes of 2048 tokens")
+    put("srv_over", _gib(DEFAULT_NON_TORCH + DEFAULT_CUDA_GRAPH, 1), "non-torch 1 GiB + CUDA graphs 0.5 GiB (memlib's)")
+    put("srv_kv", _gib(f.kv_budget_bytes, 2), f"{call}.kv_budget_bytes")
+    put("srv_kvtok", f"{f.kv_bytes_per_token // 1024} KiB", "serve_kv_bytes_per_token('llama-3-8b'): 2 × 32 × 8 × 128 × 2")
+    put("srv_blocks", f"{f.num_blocks:,}", f"{call}.num_blocks")
+    put("srv_users", f"{f.max_concurrent_seqs}", f"{call}.max_concurrent_seqs: ⌊(blocks − 1) / 512⌋")
+    put("srv_waste", f"{15 * f.kv_bytes_per_token / MiB:.3g} MiB", "15 tokens × serve_kv_bytes_per_token('llama-3-8b')")
+    for kv in ("fp8", "int4"):
+        q = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192, kv_dtype=kv)
+        put(f"srv_users_{kv}", f"{q.max_concurrent_seqs}", f"serve('llama-3-8b', gpu='h100-sxm', max_model_len=8192, "
+            f"kv_dtype='{kv}').max_concurrent_seqs")
+    shared = 2000 // 16
+    put("pfx_blocks", f"{shared}", "⌊2000 / 16⌋ full blocks of the shared prompt")
+    put("pfx_save", _gib(99 * shared * f.block_bytes, 1), "99 requests × 125 blocks × 2 MiB held once instead")
+    for t in (8192, 2048):
+        put(f"act_{t}", _gib(forward_activation_bytes("llama-3-8b", t), 2),
+            f"forward_activation_bytes('llama-3-8b', {t})")
+    base70 = serve("llama-3-70b", gpu="h100-sxm", max_model_len=8192, tensor_parallel=4)
+    spec70 = serve("llama-3-70b", gpu="h100-sxm", max_model_len=8192, tensor_parallel=4, draft="llama-3-8b",
+                   num_speculative_tokens=4)
+    c70 = "serve('llama-3-70b', gpu='h100-sxm', max_model_len=8192, tensor_parallel=4"
+    put("spec_dw", _gib(spec70.draft_weights_bytes, 2), f"{c70}, draft='llama-3-8b', ...).draft_weights_bytes")
+    put("spec_kv_pct", f"{100 * serve_kv_bytes_per_token('llama-3-8b', tensor_parallel=4) / base70.kv_bytes_per_token:.0f} %",
+        "draft KV per token / target KV per token, per GPU")
+    put("spec_users", f"{base70.max_concurrent_seqs} → {spec70.max_concurrent_seqs}",
+        f"{c70}).max_concurrent_seqs without and with the draft (k = 4)")
+    put("vocab_gpt2", f"{load_config('gpt2').vocab_size:,}", "load_config('gpt2').vocab_size")
+    put("vocab_l3", f"{load_config('llama-3-8b').vocab_size:,}", "load_config('llama-3-8b').vocab_size")
+    bw = get_gpu("h100-sxm").bandwidth_bytes_per_s
+    put("h100_bw", f"{bw / 1e12:.2f} TB/s", "get_gpu('h100-sxm').bandwidth_bytes_per_s")
+    t1 = decode_latency_s("llama-3-8b", gpu="h100-sxm")
+    put("dec_ms_b1", f"{1e3 * t1:.1f} ms", "decode_latency_s('llama-3-8b', gpu='h100-sxm'): weights ÷ bandwidth")
+    put("dec_tok_s", f"{1 / t1:.0f}", "1 / decode_latency_s('llama-3-8b', gpu='h100-sxm')")
+    put("mbu_150", f"{100 * 150 * decode_bytes_per_step('llama-3-8b', batch_size=1, context_len=1) / bw:.0f} %",
+        "150 tokens/s × decode_bytes_per_step(...) / bandwidth")
+    b64 = decode_bytes_per_step("llama-3-8b", batch_size=64, context_len=8192)
+    put("dec_kv_b64", _gb(b64 - f.weights_bytes, 1), "64 × 8192 × 128 KiB of KV read per step")
+    put("dec_ms_b64", f"{1e3 * b64 / bw:.1f} ms", "decode_bytes_per_step('llama-3-8b', batch_size=64, "
+        "context_len=8192) / bandwidth")
