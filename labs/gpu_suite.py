@@ -84,7 +84,8 @@ def part_training(command: str) -> list[Path]:
 
     def training_row(model: str, overrides: dict[str, Any] | None, b: int, s: int, precision: str,
                       attention: str, recompute: str) -> dict[str, Any]:
-        kw = dict(batch_size=b, seq_len=s, precision=precision, attention=attention, recompute=recompute)
+        kw: dict[str, Any] = dict(batch_size=b, seq_len=s, precision=precision, attention=attention,
+                                  recompute=recompute)
         meta = trace_training(model, overrides=overrides, **kw)
         cfg = model if overrides is None else {**load_config(model).raw, **overrides}
         est = estimate_training(cfg, **kw)
@@ -107,7 +108,7 @@ def part_checkpointing(command: str) -> list[Path]:
     """Chapter 4's lab: largest batch with and without recomputation (OOM-catching search) vs memlib."""
     from memlib.measure.checkpointing import gpu_checkpointing_results
 
-    return _record("checkpointing", lambda: _without_provenance(gpu_checkpointing_results()), command)
+    return _record("checkpointing", gpu_checkpointing_results, command)
 
 
 def part_accumulation(command: str) -> list[Path]:
@@ -151,14 +152,9 @@ def part_profiling(command: str) -> list[Path]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:  # profiling writes its three files; they are recorded from there
         for path in write_gpu_results(tmp):
-            data = _without_provenance(json.loads(Path(path).read_text()))
+            data = json.loads(Path(path).read_text())
             out.append(save_recorded(Path(path).stem, data, provenance).path)
     return out
-
-
-def _without_provenance(data: dict[str, Any]) -> dict[str, Any]:
-    """A measurement's top-level device, torch and date keys: the provenance record holds them now."""
-    return {k: v for k, v in data.items() if k not in ("device", "device_name", "torch", "date", "date_utc")}
 
 
 def part_notebook_labs(command: str) -> list[Path]:
@@ -204,7 +200,8 @@ def dry_run(parts: list[str]) -> int:
             module, name = ref.split(":")
             if not hasattr(importlib.import_module(module), name):
                 missing.append(ref)
-        print(f"{part:<14} {PARTS[part].__doc__.splitlines()[0]}")
+        summary = (PARTS[part].__doc__ or "").splitlines()[0]
+        print(f"{part:<14} {summary}")
     for notebook in ("01_measure_a_step", "03_amp_lab", "10_attention_lab"):
         if not (ROOT / "labs" / f"{notebook}.ipynb").exists():
             missing.append(f"labs/{notebook}.ipynb")
@@ -216,7 +213,7 @@ def dry_run(parts: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=list(PARTS), help="run these parts only")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; later parts are skipped past it")
     parser.add_argument("--dry-run", action="store_true", help="check the parts without a GPU")

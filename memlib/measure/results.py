@@ -192,7 +192,9 @@ def save_recorded(name: str, data: dict[str, Any], provenance: Provenance,
     """Write ``data`` with ``provenance`` to ``<results_dir>/<name>.json`` and return it as stored.
 
     Introduced in Chapter 1's lab. The returned data is what a later run loads (JSON round trip: tuples
-    become lists, keys strings), so a measured and a recorded run print the same thing.
+    become lists, keys strings), so a measured and a recorded run print the same thing. Top-level keys that
+    restate the provenance (``device``, ``device_name``, ``cuda_device_name``, ``torch``, ``cuda``, ``date``,
+    ``date_utc``: some measurement functions return them) are not stored twice: the record holds them.
 
     Raises:
         MemlibError: a bad name, data that is not a dict, or data that already holds a ``"provenance"`` key.
@@ -200,7 +202,8 @@ def save_recorded(name: str, data: dict[str, Any], provenance: Provenance,
     path = _path(name, results_dir)
     if not isinstance(data, dict) or "provenance" in data:
         raise MemlibError(f"results {name!r}: expected a dict of measured values without a 'provenance' key")
-    text = json.dumps({"provenance": provenance.as_dict(), **data}, indent=1, ensure_ascii=False, default=str)
+    kept = {key: value for key, value in data.items() if key not in _LEGACY_KEYS}
+    text = json.dumps({"provenance": provenance.as_dict(), **kept}, indent=1, ensure_ascii=False, default=str)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n", encoding="utf-8")
     stored, _ = normalise_record(json.loads(text))
