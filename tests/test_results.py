@@ -115,3 +115,14 @@ def test_save_then_load_gives_back_every_value(tmp_path_factory: pytest.TempPath
     saved = save_recorded("r", data, H100, folder)
     loaded = load_recorded("r", folder)
     assert loaded is not None and saved.data == loaded.data == data and loaded.provenance == H100
+
+
+def test_the_gpu_recorders_refuse_without_a_gpu_and_write_nothing(tmp_path: Path) -> None:
+    from memlib.measure.offload import run_gpu_suite
+    from memlib.measure.quant import gpu_paged_adamw_run
+
+    with pytest.raises(MemlibError, match="needs a CUDA GPU"):
+        run_gpu_suite(tmp_path / "07_offload.json")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        gpu_paged_adamw_run(tmp_path / "09_paged_adamw.json")
+    assert list(tmp_path.iterdir()) == []

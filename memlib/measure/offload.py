@@ -305,5 +305,6 @@ def run_gpu_suite(out_path: str | Path = "labs/results/07_offload.json") -> dict
     from .results import Provenance, save_recorded
 
     path = Path(out_path)
+    data = offload_gpu_results()  # raises without a CUDA GPU
     provenance = Provenance.of_this_run("memlib.measure.offload.run_gpu_suite()")
-    return save_recorded(path.stem, offload_gpu_results(), provenance, path.parent).data
+    return save_recorded(path.stem, data, provenance, path.parent).data

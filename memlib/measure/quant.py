@@ -267,6 +267,6 @@ def gpu_paged_adamw_run(out_path: str | Path = "labs/results/09_paged_adamw.json
     from .results import Provenance, save_recorded
 
     path = Path(out_path)
-    provenance = Provenance.of_this_run("memlib.measure.quant.gpu_paged_adamw_run()")
     data = paged_adamw_gpu_results(hidden=hidden, layers=layers, spike_gib=spike_gib, steps=steps)
+    provenance = Provenance.of_this_run("memlib.measure.quant.gpu_paged_adamw_run()")
     return save_recorded(path.stem, data, provenance, path.parent).data
