@@ -6,20 +6,22 @@ Run from the repository root on a machine with one CUDA GPU (no internet needed)
     python labs/gpu_suite.py --only training checkpointing
     python labs/gpu_suite.py --dry-run       # no GPU: check that every part's function exists, list the files
 
-Each part writes its JSON under ``labs/results/`` (device name, torch version, date inside), the file the
-chapter or lab shows when it runs without a GPU. Parts are independent: a failing part is recorded with its
+Each part writes its JSON under ``labs/results/`` through ``memlib.measure.results`` (the measured values and
+one provenance record: device, torch and CUDA versions, UTC date, this command), the file the chapter or lab
+shows when it runs without a GPU. Parts are independent: a failing part is recorded with its
 error and the others still run. ``labs/results/gpu_suite.json`` lists what ran, how long it took, and the
 table of estimate vs meta trace vs ``torch.cuda.max_memory_allocated`` for the training cases.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -46,6 +48,7 @@ TRAINING_CASES: list[tuple[str, dict[str, Any] | None, int, int, str, str, str]]
 
 
 def _env() -> dict[str, Any]:
+    """What the suite report adds to the provenance record: the suite version, GPU memory and driver."""
     import torch
 
     props = torch.cuda.get_device_properties(0)
@@ -54,19 +57,19 @@ def _env() -> dict[str, Any]:
                              capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         smi = ""
-    return {"suite_version": SUITE_VERSION, "device": torch.cuda.get_device_name(0),
-            "memory_bytes": int(props.total_memory), "driver": smi, "cuda": torch.version.cuda,
-            "torch": torch.__version__, "date": datetime.date.today().isoformat()}
+    return {"suite_version": SUITE_VERSION, "memory_bytes": int(props.total_memory), "driver": smi}
 
 
-def _write(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / name
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    return path
+def _record(name: str, measure: Callable[[], dict[str, Any]], command: str) -> list[Path]:
+    """Measure now and write ``labs/results/<name>.json`` with its provenance (memlib.measure.results)."""
+    from memlib.measure.results import load_or_measure
+
+    recorded = load_or_measure(name, measure, command=command, available=True, report=None)
+    assert recorded is not None  # available=True: measured and saved
+    return [recorded.path]
 
 
-def part_training(env: dict[str, Any]) -> list[Path]:
+def part_training(command: str) -> list[Path]:
     """Estimate vs meta trace vs the CUDA allocator for real training steps (Chapter 1's question, on a GPU)."""
     import torch
 
@@ -74,76 +77,87 @@ def part_training(env: dict[str, Any]) -> list[Path]:
     from memlib.core.estimate import estimate_training
     from memlib.measure.trace import trace_training
 
-    rows = []
-    for model, overrides, b, s, precision, attention, recompute in TRAINING_CASES:
-        kw = dict(batch_size=b, seq_len=s, precision=precision, attention=attention, recompute=recompute)
+    def measure() -> dict[str, Any]:
+        rows = [training_row(*case) for case in TRAINING_CASES]
+        errors = [abs(r["error_estimate_vs_allocated"]) for r in rows]
+        return {"rows": rows, "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
+
+    def training_row(model: str, overrides: dict[str, Any] | None, b: int, s: int, precision: str,
+                      attention: str, recompute: str) -> dict[str, Any]:
+        kw: dict[str, Any] = dict(batch_size=b, seq_len=s, precision=precision, attention=attention,
+                                  recompute=recompute)
         meta = trace_training(model, overrides=overrides, **kw)
         cfg = model if overrides is None else {**load_config(model).raw, **overrides}
         est = estimate_training(cfg, **kw)
         torch.cuda.empty_cache()
         cuda = trace_training(model, overrides=overrides, device="cuda", **kw)
         allocated = cuda.settings["cuda_max_memory_allocated"]
-        rows.append({"model": model, "overrides": overrides, **kw, "estimate": est.total_bytes,
-                     "meta_trace": meta.peak_bytes, "cuda_trace": cuda.peak_bytes,
-                     "cuda_max_memory_allocated": allocated,
-                     "cuda_max_memory_reserved": cuda.settings["cuda_max_memory_reserved"],
-                     "error_estimate_vs_allocated": (est.total_bytes - allocated) / allocated})
+        row = {"model": model, "overrides": overrides, **kw, "estimate": est.total_bytes,
+               "meta_trace": meta.peak_bytes, "cuda_trace": cuda.peak_bytes,
+               "cuda_max_memory_allocated": allocated,
+               "cuda_max_memory_reserved": cuda.settings["cuda_max_memory_reserved"],
+               "error_estimate_vs_allocated": (est.total_bytes - allocated) / allocated}
         del cuda
         torch.cuda.empty_cache()
-    errors = [abs(r["error_estimate_vs_allocated"]) for r in rows]
-    return [_write("gpu_training.json", {**env, "rows": rows, "median_abs_error": statistics.median(errors),
-                                         "max_abs_error": max(errors)})]
+        return row
+
+    return _record("gpu_training", measure, command)
 
 
-def part_checkpointing(env: dict[str, Any]) -> list[Path]:
+def part_checkpointing(command: str) -> list[Path]:
     """Chapter 4's lab: largest batch with and without recomputation (OOM-catching search) vs memlib."""
     from memlib.measure.checkpointing import gpu_checkpointing_results
 
-    return [_write("checkpointing.json", gpu_checkpointing_results())]
+    return _record("checkpointing", gpu_checkpointing_results, command)
 
 
-def part_accumulation(env: dict[str, Any]) -> list[Path]:
+def part_accumulation(command: str) -> list[Path]:
     """Chapter 5: peak memory vs micro-batch and accumulation steps, with the CUDA allocator's peak."""
     from memlib.measure.accumulation import memory_sweep
 
-    rows = memory_sweep("gpt2", seq_len=512, overrides={"n_layer": 4}, device="cuda")
-    return [_write("05_accumulation_memory.json", {**env, "rows": rows})]
+    return _record("05_accumulation_memory",
+                   lambda: {"rows": memory_sweep("gpt2", seq_len=512, overrides={"n_layer": 4}, device="cuda")},
+                   command)
 
 
-def part_offload(env: dict[str, Any]) -> list[Path]:
+def part_offload(command: str) -> list[Path]:
     """Chapter 7: FSDP2 with and without CPUOffloadPolicy, CPU Adam throughput."""
-    from memlib.measure.offload import run_gpu_suite
+    from memlib.measure.offload import offload_gpu_results
 
-    path = RESULTS / "07_offload.json"
-    run_gpu_suite(path)
-    return [path]
+    return _record("07_offload", offload_gpu_results, command)
 
 
-def part_paged(env: dict[str, Any]) -> list[Path]:
+def part_paged(command: str) -> list[Path]:
     """Chapter 9: bitsandbytes PagedAdamW vs AdamW."""
-    from memlib.measure.quant import gpu_paged_adamw_run
+    from memlib.measure.quant import paged_adamw_gpu_results
 
-    path = RESULTS / "09_paged_adamw.json"
-    gpu_paged_adamw_run(path)
-    return [path]
+    return _record("09_paged_adamw", paged_adamw_gpu_results, command)
 
 
-def part_inference(env: dict[str, Any]) -> list[Path]:
+def part_inference(command: str) -> list[Path]:
     """Chapter 11: weights, KV cache and peak of a real prefill + decode."""
     from memlib.measure.inference import measure_serving
 
-    r = measure_serving("qwen2-0.5b", device="cuda", batch_size=8, prompt_len=512, new_tokens=64, dtype="bf16")
-    return [_write("inference_serving.json", {**env, **r})]
+    return _record("inference_serving", lambda: measure_serving("qwen2-0.5b", device="cuda", batch_size=8,
+                                                                prompt_len=512, new_tokens=64, dtype="bf16"),
+                   command)
 
 
-def part_profiling(env: dict[str, Any]) -> list[Path]:
+def part_profiling(command: str) -> list[Path]:
     """Chapter 12 and its lab: ops report, MFU of real steps, a CUDA memory snapshot timeline."""
     from memlib.measure.profiling import write_gpu_results
+    from memlib.measure.results import Provenance, save_recorded
 
-    return [Path(p) for p in write_gpu_results(RESULTS)]
+    provenance = Provenance.of_this_run(command)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:  # profiling writes its three files; they are recorded from there
+        for path in write_gpu_results(tmp):
+            data = json.loads(Path(path).read_text())
+            out.append(save_recorded(Path(path).stem, data, provenance).path)
+    return out
 
 
-def part_notebook_labs(env: dict[str, Any]) -> list[Path]:
+def part_notebook_labs(command: str) -> list[Path]:
     """Labs 1, 3 and 10 measure on the GPU inside the notebook and write their JSON: run copies of them."""
     import nbformat
     from nbclient import NotebookClient
@@ -158,7 +172,7 @@ def part_notebook_labs(env: dict[str, Any]) -> list[Path]:
     return out
 
 
-PARTS: dict[str, Callable[[dict[str, Any]], list[Path]]] = {
+PARTS: dict[str, Callable[[str], list[Path]]] = {
     "training": part_training, "checkpointing": part_checkpointing, "accumulation": part_accumulation,
     "offload": part_offload, "paged": part_paged, "inference": part_inference, "profiling": part_profiling,
     "notebook_labs": part_notebook_labs,
@@ -168,10 +182,11 @@ PARTS: dict[str, Callable[[dict[str, Any]], list[Path]]] = {
 CALLS = {"training": ["memlib.measure.trace:trace_training", "memlib.core.estimate:estimate_training"],
          "checkpointing": ["memlib.measure.checkpointing:gpu_checkpointing_results"],
          "accumulation": ["memlib.measure.accumulation:memory_sweep"],
-         "offload": ["memlib.measure.offload:run_gpu_suite"],
-         "paged": ["memlib.measure.quant:gpu_paged_adamw_run"],
+         "offload": ["memlib.measure.offload:offload_gpu_results"],
+         "paged": ["memlib.measure.quant:paged_adamw_gpu_results"],
          "inference": ["memlib.measure.inference:measure_serving"],
          "profiling": ["memlib.measure.profiling:write_gpu_results"],
+         "results": ["memlib.measure.results:load_or_measure", "memlib.measure.results:save_recorded"],
          "notebook_labs": ["nbclient:NotebookClient", "nbformat:read"]}
 
 
@@ -181,11 +196,12 @@ def dry_run(parts: list[str]) -> int:
 
     missing = []
     for part in parts:
-        for ref in CALLS[part]:
+        for ref in CALLS[part] + CALLS["results"]:
             module, name = ref.split(":")
             if not hasattr(importlib.import_module(module), name):
                 missing.append(ref)
-        print(f"{part:<14} {PARTS[part].__doc__.splitlines()[0]}")
+        summary = (PARTS[part].__doc__ or "").splitlines()[0]
+        print(f"{part:<14} {summary}")
     for notebook in ("01_measure_a_step", "03_amp_lab", "10_attention_lab"):
         if not (ROOT / "labs" / f"{notebook}.ipynb").exists():
             missing.append(f"labs/{notebook}.ipynb")
@@ -197,7 +213,7 @@ def dry_run(parts: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=list(PARTS), help="run these parts only")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; later parts are skipped past it")
     parser.add_argument("--dry-run", action="store_true", help="check the parts without a GPU")
@@ -212,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_suite: no CUDA GPU here; nothing measured (use --dry-run to check the parts)", file=sys.stderr)
         return 2
-    env = _env()
+    from memlib.measure.results import Provenance, save_recorded
+
+    command = shlex.join(["python", "labs/gpu_suite.py", *(sys.argv[1:] if argv is None else argv)])
+    provenance = Provenance.of_this_run(command)
     start = time.perf_counter()
     report = []
     for part in parts:
@@ -222,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.perf_counter()
         try:
-            files = PARTS[part](env)
+            files = PARTS[part](command)
             status, error = "ok", None
         except Exception as exc:  # noqa: BLE001 - one part's failure must not stop the suite
             files, status, error = [], "failed", "".join(traceback.format_exception(exc))[-2000:]
@@ -233,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                        "files": [str(Path(f).relative_to(ROOT)) if Path(f).is_absolute() else str(f) for f in files],
                        **({"error": error} if error else {})})
         print(f"{part:<14} {status:<8} {seconds:7.1f} s  {', '.join(report[-1]['files'])}", flush=True)
-    _write("gpu_suite.json", {**env, "parts": report, "seconds": round(time.perf_counter() - start, 1)})
+    save_recorded("gpu_suite", {**_env(), "parts": report, "seconds": round(time.perf_counter() - start, 1)},
+                  provenance)
     training = RESULTS / "gpu_training.json"
     if training.exists() and any(r["part"] == "training" and r["status"] == "ok" for r in report):
         data = json.loads(training.read_text())

@@ -2,27 +2,25 @@
 
 Measurement module: imports torch lazily inside the functions. :func:`cpu_adam_throughput` runs anywhere;
 :func:`fsdp2_offload_run` needs a CUDA GPU for a meaningful answer (on the CPU device it still runs, with
-gloo, as a smoke test of the code path: everything is on the CPU anyway). :func:`run_gpu_suite` is the one
-call a GPU session makes; it writes ``labs/results/07_offload.json``.
+gloo, as a smoke test of the code path: everything is on the CPU anyway). :func:`offload_gpu_results` is the
+one call a GPU session makes; :mod:`memlib.measure.results` records it as ``labs/results/07_offload.json``.
 """
 from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import os
 import platform
 import socket
 import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
 from ..core.errors import MemlibError, check_choice, check_positive
 
 __all__ = ["ADAM_IMPLEMENTATIONS", "deepspeed_offload_estimators", "cpu_adam_throughput", "copy_counter",
-           "fsdp2_offload_run", "run_gpu_suite"]
+           "fsdp2_offload_run", "offload_gpu_results", "run_gpu_suite"]
 
 #: CPU Adam implementations :func:`cpu_adam_throughput` can time.
 ADAM_IMPLEMENTATIONS = ("torch-foreach", "torch-fused", "torch-for-loop", "deepspeed")
@@ -281,21 +279,32 @@ def fsdp2_offload_run(*, device: str = "cuda", hidden: int = 1024, layers: int =
             dist.destroy_process_group()
 
 
-def run_gpu_suite(out_path: str | Path = "labs/results/07_offload.json") -> dict[str, Any]:
+def offload_gpu_results() -> dict[str, Any]:
     """The Chapter 7 GPU run: FSDP2 with and without ``CPUOffloadPolicy``, plus CPU Adam throughput.
 
-    Introduced in Chapter 7. Writes ``out_path`` (device name, torch version, date) and returns the dict.
+    Introduced in Chapter 7. Returns the measured values (no provenance: :mod:`memlib.measure.results` adds
+    it when the GPU suite or the chapter records them as ``labs/results/07_offload.json``).
+
+    Raises:
+        MemlibError: no CUDA GPU.
     """
     import torch
 
     if not torch.cuda.is_available():
-        raise MemlibError("run_gpu_suite needs a CUDA GPU")
+        raise MemlibError("offload_gpu_results needs a CUDA GPU")
     runs = [fsdp2_offload_run(offload=False), fsdp2_offload_run(offload=True)]
     adam = [cpu_adam_throughput(50_000_000, implementation=impl) for impl in ("torch-foreach", "torch-fused")]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "host": platform.processor(),
-              "cpu_count": os.cpu_count(), "fsdp2": runs, "cpu_adam": adam}
+    return {"host": platform.processor(), "cpu_count": os.cpu_count(), "fsdp2": runs, "cpu_adam": adam}
+
+
+def run_gpu_suite(out_path: str | Path = "labs/results/07_offload.json") -> dict[str, Any]:
+    """Measure :func:`offload_gpu_results` and record it with its provenance at ``out_path``.
+
+    Introduced in Chapter 7. Returns the data as stored (without the provenance record).
+    """
+    from .results import Provenance, save_recorded
+
     path = Path(out_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    data = offload_gpu_results()  # raises without a CUDA GPU
+    provenance = Provenance.of_this_run("memlib.measure.offload.run_gpu_suite()")
+    return save_recorded(path.stem, data, provenance, path.parent).data

@@ -14,10 +14,8 @@ One spawn of ``world_size`` processes (a fork server with torch and transformers
 * ``ep``: a tiny MoE layer whose experts are split over the ranks, tokens sent to them and back with
   ``all_to_all_single``; the output is checked against the same layer on one process.
 
-Saved activations are counted with ``torch.autograd.graph.saved_tensors_hooks``: a storage counts from the moment
-autograd saves it until autograd releases it (distinct storages, parameters excluded). Collectives are counted
-by a ``TorchDispatchMode`` on the ``_c10d_functional`` ops (what DTensor calls) and by wrapping
-``torch.distributed`` p2p and all-to-all calls. torch is imported lazily.
+Saved activations and collectives are counted by :mod:`memlib.measure.parallel_counters` (``SavedBytes``,
+``CommCounter``). torch is imported lazily.
 """
 from __future__ import annotations
 
@@ -25,13 +23,13 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from .parallel_counters import CommCounter, SavedBytes, local_tensor, nbytes
 from .procs import join_gloo_group, join_with_deadline
 
 __all__ = ["TECHNIQUES", "TINY_PP_LLAMA", "ParallelResult", "ParallelRuns", "Comparison", "SavedBytes",
@@ -88,156 +86,6 @@ class ParallelResult:
         return asdict(self)
 
 
-class SavedBytes:
-    """Counts the bytes autograd keeps for backward while :meth:`hooks` is active (live and peak).
-
-    Introduced in Chapter 15. The pack hook wraps each saved tensor in a handle; the storage counts once, from
-    its first save until the last handle on it is released (backward frees them). Parameter storages
-    (``exclude``) and DTensor wrappers (their local tensor counts) are handled.
-    """
-
-    def __init__(self, exclude: Sequence[Any] = ()) -> None:
-        self.live = 0
-        self.peak = 0
-        self.enabled = True
-        self._refs: dict[int, list[int]] = {}
-        self.skipped: list[str] = []
-        self._exclude = {_local(p).untyped_storage().data_ptr() for p in exclude}
-
-    def reset_peak(self) -> None:
-        """Start a new peak from the bytes live now."""
-        self.peak = self.live
-
-    def _pack(self, t: Any) -> Any:
-        if not self.enabled:
-            return t
-        local = _local(t)
-        try:
-            st = local.untyped_storage()
-            key = st.data_ptr()
-        except RuntimeError:  # a tensor without storage of its own (a subclass wrapper)
-            self.skipped.append(type(local).__name__)
-            return t
-        if key in self._exclude or st.nbytes() == 0:
-            return t
-        ref = self._refs.get(key)
-        if ref is None:
-            self._refs[key] = [1, st.nbytes()]
-            self.live += st.nbytes()
-            self.peak = max(self.peak, self.live)
-        else:
-            ref[0] += 1
-        return _Handle(t, key, self)
-
-    def _release(self, key: int) -> None:
-        ref = self._refs.get(key)
-        if ref is None:
-            return
-        ref[0] -= 1
-        if ref[0] == 0:
-            self.live -= ref[1]
-            del self._refs[key]
-
-    @contextmanager
-    def hooks(self) -> Iterator[SavedBytes]:
-        """Count inside the block."""
-        torch = _torch()
-
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
-            yield self
-
-
-class _Handle:
-    __slots__ = ("t", "key", "owner")
-
-    def __init__(self, t: Any, key: int, owner: SavedBytes) -> None:
-        self.t, self.key, self.owner = t, key, owner
-
-    def __del__(self) -> None:
-        self.owner._release(self.key)
-
-
-def _unpack(x: Any) -> Any:
-    return x.t if isinstance(x, _Handle) else x
-
-
-def _local(t: Any) -> Any:
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
-
-
-def _nbytes(t: Any) -> int:
-    return int(t.numel() * t.element_size())
-
-
-class _Comm:
-    """Counts collectives: DTensor's ``_c10d_functional`` ops (a dispatch mode) and wrapped ``torch.distributed``
-    calls; bytes sent by this rank in a ring ((n−1)/n of the full tensor, twice for all-reduce)."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.records: dict[str, list[int]] = {}
-
-    def add(self, name: str, full_bytes: int, sent: int) -> None:
-        rec = self.records.setdefault(name, [0, 0, 0])
-        rec[0] += 1
-        rec[1] += full_bytes
-        rec[2] += sent
-
-    @contextmanager
-    def counting(self) -> Iterator[_Comm]:
-        torch = _torch()
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        comm = self
-        n = self.world
-        ops = torch.ops._c10d_functional
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                kwargs = kwargs or {}
-                packet = func._overloadpacket
-                if packet is ops.all_reduce:
-                    b = _nbytes(args[0])
-                    comm.add("all_reduce", b, 2 * b * (n - 1) // n)
-                elif packet is ops.all_gather_into_tensor:
-                    b = _nbytes(args[0]) * n
-                    comm.add("all_gather", b, b * (n - 1) // n)
-                elif packet is ops.reduce_scatter_tensor:
-                    b = _nbytes(args[0])
-                    comm.add("reduce_scatter", b, b * (n - 1) // n)
-                elif packet is ops.all_to_all_single:
-                    b = _nbytes(args[0])
-                    comm.add("all_to_all", b, b * (n - 1) // n)
-                return func(*args, **kwargs)
-
-        dist = torch.distributed
-        originals = {name: getattr(dist, name) for name in ("send", "all_to_all_single", "P2POp")}
-
-        def send(tensor: Any, *a: Any, **k: Any) -> Any:
-            comm.add("send (p2p)", _nbytes(tensor), _nbytes(tensor))
-            return originals["send"](tensor, *a, **k)
-
-        def p2p_op(op: Any, tensor: Any, *a: Any, **k: Any) -> Any:  # what pipelining batches
-            if op is dist.isend:
-                comm.add("send (p2p)", _nbytes(tensor), _nbytes(tensor))
-            return originals["P2POp"](op, tensor, *a, **k)
-
-        def a2a(output: Any, input: Any, *a: Any, **k: Any) -> Any:
-            b = _nbytes(input)
-            comm.add("all_to_all", b, b * (n - 1) // n)
-            return originals["all_to_all_single"](output, input, *a, **k)
-
-        dist.send = send
-        dist.P2POp = p2p_op
-        dist.all_to_all_single = a2a
-        try:
-            with _Mode():
-                yield self
-        finally:
-            for name, orig in originals.items():
-                setattr(dist, name, orig)
-
-
 def _build(config: dict[str, Any], seed: int) -> Any:
     torch = _torch()
     from .trace import build_model
@@ -255,7 +103,7 @@ def _batch(batch_size: int, seq_len: int, vocab: int, seed: int) -> Any:
 def _param_bytes(model: Any) -> int:
     seen: dict[int, int] = {}
     for p in model.parameters():
-        st = _local(p).untyped_storage()
+        st = local_tensor(p).untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 
@@ -310,7 +158,7 @@ def _tp_rank(sp: bool, config: dict[str, Any], batch_size: int, seq_len: int, se
     for layer in model.model.layers:
         handles.append(layer.register_forward_pre_hook(on, with_kwargs=True))
         handles.append(layer.register_forward_hook(off, with_kwargs=True))
-    comm = _Comm(world)
+    comm = CommCounter(world)
     with saved.hooks():
         loss = model(input_ids=ids, labels=ids).loss
         layers_saved = saved.peak
@@ -320,7 +168,7 @@ def _tp_rank(sp: bool, config: dict[str, Any], batch_size: int, seq_len: int, se
     for h in handles:
         h.remove()
     # the forward's collectives, counted on a second forward pass (nothing saved)
-    fwd = _Comm(world)
+    fwd = CommCounter(world)
     with torch.no_grad(), fwd.counting():
         model(input_ids=ids, labels=ids)
     comm_all = {k: list(v) for k, v in fwd.records.items()}
@@ -431,7 +279,7 @@ def _pp_rank(schedule: str, config: dict[str, Any], batch_size: int, seq_len: in
 
     step()  # warm-up: shapes are exchanged on the first step
     module.zero_grad(set_to_none=True)
-    comm = _Comm(world)
+    comm = CommCounter(world)
     dist.barrier()
     clock[0] = 0.0
     with saved.hooks(), comm.counting():
@@ -476,7 +324,7 @@ def _cp_rank(config: dict[str, Any], batch_size: int, seq_len: int, seed: int) -
         ref = attend(x_full, wk(x_full), wv(x_full), 0)
     x = x_full[:, rank * s_loc:(rank + 1) * s_loc].clone().requires_grad_(True)
     saved = SavedBytes(exclude=params)
-    comm = _Comm(world)
+    comm = CommCounter(world)
     with saved.hooks(), comm.counting():
         k_all = all_gather_tensor_autograd(wk(x), gather_dim=1, group=dist.group.WORLD)
         v_all = all_gather_tensor_autograd(wv(x), gather_dim=1, group=dist.group.WORLD)
@@ -484,7 +332,7 @@ def _cp_rank(config: dict[str, Any], batch_size: int, seq_len: int, seed: int) -
         peak = saved.peak
         out.sum().backward()
     diff = float((out.detach() - ref[:, rank * s_loc:(rank + 1) * s_loc]).abs().max())
-    return ParallelResult("cp", rank, world, sum(_nbytes(p) for p in params), peak,
+    return ParallelResult("cp", rank, world, sum(nbytes(p) for p in params), peak,
                           {k: list(v) for k, v in comm.records.items()}, {"matches_one_process": diff < 1e-5})
 
 
@@ -538,7 +386,7 @@ def _ep_rank(num_experts: int, top_k: int, hidden: int, expert_size: int, tokens
     buf = torch.zeros(world * cap, hidden)
     send = buf.index_add(0, torch.tensor([r * cap + j for r in range(world) for j in range(len(send_idx[r]))]),
                          x[torch.tensor([i for r in range(world) for i, _ in send_idx[r]])])
-    comm = _Comm(world)
+    comm = CommCounter(world)
     saved = SavedBytes(exclude=[p for e in mine for p in e.parameters()])
     with saved.hooks(), comm.counting():
         recv = all_to_all_single_autograd(send, None, None, dist.group.WORLD)  # (ep·cap, C) dispatch
@@ -559,10 +407,10 @@ def _ep_rank(num_experts: int, top_k: int, hidden: int, expert_size: int, tokens
         peak = saved.peak
         out.sum().backward()
     diff = float((out.detach() - ref).abs().max())
-    params = sum(_nbytes(p) for e in mine for p in e.parameters())
+    params = sum(nbytes(p) for e in mine for p in e.parameters())
     return ParallelResult("ep", rank, world, params, peak, {k: list(v) for k, v in comm.records.items()},
-                          {"matches_one_process": diff < 1e-5, "send_buffer_bytes": _nbytes(send),
-                           "recv_buffer_bytes": _nbytes(recv), "capacity": cap})
+                          {"matches_one_process": diff < 1e-5, "send_buffer_bytes": nbytes(send),
+                           "recv_buffer_bytes": nbytes(recv), "capacity": cap})
 
 
 @dataclass(frozen=True)

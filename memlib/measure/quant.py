@@ -4,7 +4,6 @@ torch, transformers, peft and bitsandbytes are imported lazily, inside the funct
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from ..core.errors import check_choice, check_positive
 from .trace import MemoryTracker, TraceResult, _patched, build_model
 
 __all__ = ["quantize_linears_nf4", "nf4_model_bytes", "peft_lora_model", "peft_trainable_params", "trace_lora_step",
-           "optimizer_state_bytes", "gpu_paged_adamw_run"]
+           "optimizer_state_bytes", "paged_adamw_gpu_results", "gpu_paged_adamw_run"]
 
 
 def _peft_targets(cfg: ModelConfig, targets: str) -> str | list[str]:
@@ -208,22 +207,21 @@ def optimizer_state_bytes(optimizer: Any) -> tuple[int, dict[str, int]]:
     return total, by_kind
 
 
-def gpu_paged_adamw_run(out_path: str | Path = "labs/results/09_paged_adamw.json", *, hidden: int = 4096,
-                        layers: int = 8, spike_gib: float = 0.0, steps: int = 6) -> dict[str, Any]:
-    """On a CUDA GPU: bitsandbytes ``PagedAdamW`` vs ``AdamW`` on a stack of Linear layers; writes JSON.
+def paged_adamw_gpu_results(*, hidden: int = 4096, layers: int = 8, spike_gib: float = 0.0,
+                            steps: int = 6) -> dict[str, Any]:
+    """On a CUDA GPU: bitsandbytes ``PagedAdamW`` vs ``AdamW`` on a stack of Linear layers.
 
-    Introduced in Chapter 9 (run by a GPU suite; the chapter reads the JSON). Records, per optimizer, the
-    state bytes, ``torch.cuda.max_memory_allocated`` (paged states live in unified memory, outside PyTorch's
-    allocator, so they do not show there) and the step time, plus device name, versions and date.
+    Introduced in Chapter 9 (run by the GPU suite; the chapter shows the recorded JSON). Returns, per
+    optimizer, the state bytes, ``torch.cuda.max_memory_allocated`` (paged states live in unified memory,
+    outside PyTorch's allocator, so they do not show there) and the step time, plus the bitsandbytes version
+    (:mod:`memlib.measure.results` adds the device, torch version and date when it records them).
 
     Args:
-        out_path: where to write the JSON.
         hidden: width of each square Linear layer.
         layers: number of layers.
         spike_gib: an extra allocation held during forward/backward, to put the GPU under pressure.
         steps: training steps per optimizer.
     """
-    import datetime
     import time
 
     import torch
@@ -231,10 +229,9 @@ def gpu_paged_adamw_run(out_path: str | Path = "labs/results/09_paged_adamw.json
     import bitsandbytes as bnb
 
     if not torch.cuda.is_available():  # pragma: no cover - GPU suite only
-        raise RuntimeError("gpu_paged_adamw_run needs a CUDA GPU")
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "bitsandbytes": bnb.__version__, "date": datetime.date.today().isoformat(),
-                              "hidden": hidden, "layers": layers, "spike_gib": spike_gib, "runs": {}}
+        raise RuntimeError("paged_adamw_gpu_results needs a CUDA GPU")
+    result: dict[str, Any] = {"bitsandbytes": bnb.__version__, "hidden": hidden, "layers": layers,
+                              "spike_gib": spike_gib, "runs": {}}
     for name, cls in (("AdamW", torch.optim.AdamW), ("PagedAdamW", bnb.optim.PagedAdamW),
                       ("PagedAdamW8bit", bnb.optim.PagedAdamW8bit)):
         torch.manual_seed(0)
@@ -258,7 +255,18 @@ def gpu_paged_adamw_run(out_path: str | Path = "labs/results/09_paged_adamw.json
                                 "params": sum(p.numel() for p in net.parameters())}
         del net, opt
         torch.cuda.empty_cache()
-    path = Path(out_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
     return result
+
+
+def gpu_paged_adamw_run(out_path: str | Path = "labs/results/09_paged_adamw.json", *, hidden: int = 4096,
+                        layers: int = 8, spike_gib: float = 0.0, steps: int = 6) -> dict[str, Any]:
+    """Measure :func:`paged_adamw_gpu_results` and record it with its provenance at ``out_path``.
+
+    Introduced in Chapter 9. Returns the data as stored (without the provenance record).
+    """
+    from .results import Provenance, save_recorded
+
+    path = Path(out_path)
+    data = paged_adamw_gpu_results(hidden=hidden, layers=layers, spike_gib=spike_gib, steps=steps)
+    provenance = Provenance.of_this_run("memlib.measure.quant.gpu_paged_adamw_run()")
+    return save_recorded(path.stem, data, provenance, path.parent).data
