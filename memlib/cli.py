@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
     from .core.estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
     from .core.lora import LORA_TARGETS, METHODS
-    from .core.gpus import gpu_names
+    from .core.hardware import gpu_names
     from .core.plan import JOBS
     from .core.dtypes import WEIGHT_FORMATS
 
@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if args.gpu is not None and args.gpu_mem is not None:
             raise MemlibError("give --gpu or --gpu-mem, not both")
         if args.gpu is not None:
-            from .core.gpus import get_gpu
+            from .core.hardware import get_gpu
 
             gpu_mem: int | str = get_gpu(args.gpu).memory_bytes
         else:

@@ -18,7 +18,8 @@ from .attention_terms import gqa_attention_terms
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .lora import LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
+from .lora import (LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes,
+                   quantized_weight_bytes, targeted_linears)
 from .params import count_params
 
 __all__ = [
@@ -580,9 +581,8 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     pc = count_params(cfg)
     if weights in ("fp32", "fp16", "bf16"):
         w_bytes = int(per_param * pc.params)
-    else:  # quantized matrices; embeddings and norms stay in 16 bits, as in bitsandbytes/GPTQ practice
-        dense = pc.params - pc.embeddings - pc.lm_head - pc.norms
-        w_bytes = int(per_param * dense) + 2 * (pc.embeddings + pc.lm_head + pc.norms)
+    else:  # quantized Linear matrices; biases, embeddings, LM head and norms stay 16-bit (the one policy)
+        w_bytes = quantized_weight_bytes(cfg, weights)
     from .inference import kv_cache_bytes  # inference builds on this module
 
     kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding windows capped; MLA's latent

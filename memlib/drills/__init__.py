@@ -37,7 +37,7 @@ from ..core.estimate import (
 from ..core.flops import matmul_params, palm_flops
 from ..core.inference import forward_activation_bytes, reserve_bytes, serving_fit
 from ..core.params import count_params
-from ..core.gpus import get_gpu
+from ..core.hardware import get_gpu
 from ..core.serve import (DEFAULT_CUDA_GRAPH, DEFAULT_NON_TORCH, decode_bytes_per_step, decode_latency_s, serve,
                     serve_kv_bytes_per_token)
 
