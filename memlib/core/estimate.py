@@ -15,6 +15,7 @@ from . import families_dense
 
 from . import families_moe
 from .attention_terms import gqa_attention_terms
+from .categories import estimate_by_category
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
@@ -103,6 +104,16 @@ class TrainingEstimate:
     def model_states_bytes(self) -> int:
         """Parameters + gradients + optimizer states."""
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The estimated peak, named as the trace names it (:mod:`memlib.core.categories`): ``total_bytes``."""
+        return self.total_bytes
+
+    @property
+    def by_category(self) -> dict[str, int]:
+        """Bytes live at the peak per :class:`~memlib.core.categories.MemCategory` value, as the trace reports."""
+        return estimate_by_category(self)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (all byte values are ints)."""
