@@ -168,13 +168,11 @@ def _table(rows: list[tuple[str, Any]], title: str) -> str:
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.command == "params":
-        from .core.params import count_params
+        from .measure.hf_config import count_params_any, load_any_config  # any causal LM transformers knows
 
-        pc = count_params(args.model)
+        pc = count_params_any(args.model)
         data = pc.as_dict()
-        from .core.configs import load_config
-
-        if load_config(args.model, any_family=True).moe is not None:  # MoE: what one token passes through
+        if load_any_config(args.model).moe is not None:  # MoE: what one token passes through
             from .core.families_moe import moe_params
 
             data["active_params"] = moe_params(args.model).active
