@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
     from .core.estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
     from .core.lora import LORA_TARGETS, METHODS
-    from .core.gpus import gpu_names
+    from .core.hardware import gpu_names
     from .core.plan import JOBS
     from .core.dtypes import WEIGHT_FORMATS
 
@@ -168,13 +168,11 @@ def _table(rows: list[tuple[str, Any]], title: str) -> str:
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.command == "params":
-        from .core.params import count_params
+        from .measure.hf_config import count_params_any, load_any_config  # any causal LM transformers knows
 
-        pc = count_params(args.model)
+        pc = count_params_any(args.model)
         data = pc.as_dict()
-        from .core.configs import load_config
-
-        if load_config(args.model, any_family=True).moe is not None:  # MoE: what one token passes through
+        if load_any_config(args.model).moe is not None:  # MoE: what one token passes through
             from .core.families_moe import moe_params
 
             data["active_params"] = moe_params(args.model).active
@@ -220,7 +218,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if args.gpu is not None and args.gpu_mem is not None:
             raise MemlibError("give --gpu or --gpu-mem, not both")
         if args.gpu is not None:
-            from .core.gpus import get_gpu
+            from .core.hardware import get_gpu
 
             gpu_mem: int | str = get_gpu(args.gpu).memory_bytes
         else:

@@ -13,7 +13,8 @@ from memlib.cli import main
 from memlib.core.configs import DENSE_FAMILIES, load_config, shipped_models
 from memlib.core.estimate import activation_terms, estimate_inference, estimate_training
 from memlib.core.inference import kv_bytes_per_token, kv_cache_bytes, kv_cached_tokens
-from memlib.core.params import _count_built, count_params
+from memlib.core.params import count_params
+from memlib.measure.hf_config import count_built as _count_built
 from memlib.core.serve import serve
 
 #: The shipped configs of the dense families (every test below iterates over these).

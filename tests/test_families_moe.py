@@ -63,7 +63,7 @@ def test_bad_moe_fields_give_one_line(change: dict, message: str) -> None:
 @pytest.mark.parametrize("name", SHIPPED + sorted(TINY))
 def test_params_equal_the_built_class(name: str) -> None:
     pytest.importorskip("transformers")
-    from memlib.core.params import _count_built
+    from memlib.measure.hf_config import count_built as _count_built
 
     cfg = load_config(TINY.get(name, name))
     # the pure formula (count_params dispatches to it) equals the class built on the meta device, field by field

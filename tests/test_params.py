@@ -5,6 +5,7 @@ import pytest
 
 import memlib
 from memlib.core.configs import load_config, shipped_models
+from memlib.core.errors import MemlibError
 from memlib.core.params import count_params
 
 PUBLISHED = {  # ../shared/REFERENCES.md: counts of the transformers classes
@@ -89,3 +90,42 @@ def test_config_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
     listed.write_text("[1, 2]")
     with pytest.raises(memlib.MemlibError, match="expected a JSON object"):
         load_config(str(listed))
+
+
+def test_core_never_imports_measure() -> None:
+    # the layers: memlib.core is pure; the transformers/torch side of configs and params is memlib.measure.hf_config
+    import ast
+    from pathlib import Path
+
+    import memlib.core
+
+    for path in Path(memlib.core.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = ("." * node.level) + (node.module or "")
+                assert "measure" not in target and not target.startswith(".."), (path.name, target)
+                assert (node.module or "").split(".")[0] not in ("torch", "transformers"), (path.name, target)
+            elif isinstance(node, ast.Import) and path.name != "errors.py":  # errors.require_torch: the install hint
+                assert all(a.name.split(".")[0] not in ("torch", "transformers", "memlib") for a in node.names)
+
+
+def test_families_only_transformers_knows_are_read_and_counted_in_measure() -> None:
+    pytest.importorskip("transformers")
+    from memlib.measure.hf_config import count_params_any, load_any_config
+    from memlib.measure.trace import build_model
+
+    tiny = {"model_type": "starcoder2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
+    cfg = load_any_config(tiny)
+    assert not cfg.native and cfg.num_layers == 2 and cfg.num_kv_heads == 2
+    built = sum(p.numel() for p in build_model(tiny, device="meta").parameters())
+    assert count_params_any(tiny).params == built
+    assert count_params_any("gpt2") == count_params("gpt2")  # memlib's own families: the pure count
+    with pytest.raises(MemlibError, match="unsupported model_type 'starcoder2'"):
+        count_params(tiny)
+    with pytest.raises(MemlibError, match="model_type 'starcoder2' is counted from its transformers class: use "
+                                          "memlib.measure.hf_config.count_params_any"):
+        count_params(cfg)
+    with pytest.raises(MemlibError, match="unsupported model_type 'nosuch_lm'; expected one of: gpt2, .* or a "
+                                          "causal-LM model_type transformers knows"):
+        load_any_config({**tiny, "model_type": "nosuch_lm"})

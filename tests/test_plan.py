@@ -14,7 +14,7 @@ from memlib import GB, GiB, MemlibError
 from memlib.cli import main
 from memlib.core.estimate import estimate_inference, estimate_training
 from memlib.core.configs import load_config
-from memlib.core.gpus import get_gpu
+from memlib.core.hardware import get_gpu
 from memlib.core.inference import reserve_bytes, serving_fit
 from memlib.core.plan import DEFAULT_RESERVE, PRIORITY, plan
 
@@ -230,7 +230,7 @@ def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_plan_gpu_from_the_spec_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from memlib.core.gpus import get_gpu
+    from memlib.core.hardware import get_gpu
 
     assert main(["plan", "llama-2-7b", "--gpu", "rtx-4090", "--job", "qlora", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -9,7 +9,7 @@ import pytest
 
 from memlib.core.errors import MemlibError
 from memlib.core.flops import forward_flops, op_intensities, training_flops
-from memlib.core.gpus import get_gpu
+from memlib.core.hardware import get_gpu
 from memlib.core.params import count_params
 
 torch = pytest.importorskip("torch")

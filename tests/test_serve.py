@@ -12,7 +12,7 @@ from memlib.core.configs import load_config, shipped_models
 from memlib.core.dtypes import GiB, MiB
 from memlib.core.errors import MemlibError
 from memlib.core.estimate import estimate_inference
-from memlib.core.gpus import get_gpu
+from memlib.core.hardware import get_gpu
 from memlib.core.inference import forward_activation_bytes, kv_bytes_per_token
 from memlib.core.serve import (DEFAULT_CUDA_GRAPH, DEFAULT_NON_TORCH, SERVE_KV_DTYPES, decode_bytes_per_step,
                           decode_latency_s, serve, serve_kv_bytes_per_token)

@@ -10,7 +10,7 @@ from typing import Any
 from .errors import MemlibError
 
 __all__ = ["ModelConfig", "MoESpec", "MLASpec", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len",
-           "transformers_config"]
+           "config_source", "unsupported_model_type"]
 
 #: model_type values memlib understands, and the transformers class each one builds.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
@@ -313,71 +313,14 @@ def check_seq_len(model: ModelConfig, seq_len: int) -> int:
     return seq_len
 
 
-def _unsupported(model_type: Any, any_family: bool) -> MemlibError:
+def unsupported_model_type(model_type: Any, any_family: bool) -> MemlibError:
+    """The error for a model_type memlib does not derive (``any_family``: the wording for the trace's loader)."""
     choices = ", ".join(SUPPORTED_MODEL_TYPES)
     if any_family:
         return MemlibError(f"unsupported model_type {model_type!r}; expected one of: {choices}, or a causal-LM "
                            f"model_type transformers knows; for model states only, give --params N")
     return MemlibError(f"unsupported model_type {model_type!r}; expected one of: {choices} (memlib trace and "
                        f"memlib params also take any causal LM transformers knows; --params N for model states only)")
-
-
-def transformers_config(d: dict[str, Any]) -> Any:
-    """The transformers config object of a config dict whose model_type transformers knows as a causal LM.
-
-    Introduced in Chapter 1 (model families). Imports transformers lazily (it is optional: memlib's own
-    families need neither it nor torch).
-
-    Raises:
-        MemlibError: transformers is not installed, does not know the model_type as a causal LM, or rejects
-            the config; the message names the model type, memlib's families and ``--params``.
-    """
-    model_type = d.get("model_type")
-    try:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:
-        choices = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise MemlibError(f"model_type {model_type!r} needs transformers (pip install transformers); memlib "
-                          f"itself knows: {choices}; for model states only, give --params N") from None
-    if not isinstance(model_type, str) or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise _unsupported(model_type, True)
-    try:
-        return CONFIG_MAPPING[model_type](**{k: v for k, v in d.items() if k != "model_type"})
-    except Exception as e:  # transformers validates its own fields (e.g. heads that do not divide the width)
-        msg = " ".join(str(e).split())
-        raise MemlibError(f"transformers rejects the {model_type} config: {msg}") from None
-
-
-def _from_transformers(d: dict[str, Any], name: str) -> ModelConfig:
-    """A ModelConfig (``native=False``) of a model type only transformers knows, read from its config class."""
-    c = transformers_config(d)
-
-    def attr(*names: str, default: Any = None) -> Any:
-        for n in names:
-            value = getattr(c, n, None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        return default
-
-    hidden = attr("hidden_size", "n_embd", "d_model")
-    layers = attr("num_hidden_layers", "n_layer", "num_layers")
-    heads = attr("num_attention_heads", "n_head", "num_heads")
-    if hidden is None or layers is None or heads is None:
-        raise MemlibError(f"config of model_type {d.get('model_type')!r} has no hidden_size, num_hidden_layers "
-                          f"or num_attention_heads; for model states only, give --params N")
-    kv_heads = attr("num_key_value_heads", "num_kv_heads", default=1 if getattr(c, "multi_query", False) else heads)
-    head_dim = attr("head_dim", default=hidden // heads)
-    inner = attr("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
-    max_pos = attr("max_position_embeddings", "n_positions", default=2048)
-    return ModelConfig(
-        name=name, model_type=str(d["model_type"]), hidden_size=hidden, num_layers=layers, num_heads=heads,
-        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inner, vocab_size=attr("vocab_size", default=0),
-        max_position_embeddings=max_pos, max_positions=max_pos,  # these configs state their scaled length
-        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)), mlp="gated", norm="rmsnorm",
-        qkv_bias=False, out_bias=False, mlp_bias=False, learned_positions=False, embed_scale=False,
-        attn_dropout=0.0, resid_dropout=0.0, embd_dropout=0.0, raw=dict(d), native=False,
-    )
 
 
 def _flag(d: dict[str, Any], key: str, default: bool) -> bool:
@@ -603,10 +546,8 @@ def _mla_spec(d: dict[str, Any]) -> MLASpec:
 
 def _from_dict(d: dict[str, Any], name: str, any_family: bool = False) -> ModelConfig:
     model_type = d.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        if any_family:
-            return _from_transformers(d, name)
-        raise _unsupported(model_type, False)
+    if model_type not in SUPPORTED_MODEL_TYPES:  # families only transformers knows: memlib.measure.hf_config
+        raise unsupported_model_type(model_type, any_family)
     if model_type in DENSE_FAMILIES:
         return _dense_family_config(d, name)
     hidden = _positive(d, ("hidden_size", "n_embd"))
@@ -673,8 +614,9 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family:
     Args:
         model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), a path to a Hugging Face
             ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
-        any_family: also accept a model_type only transformers knows (``native=False``; needs transformers).
-            The estimators leave it False: they refuse families whose terms memlib has not derived.
+        any_family: also accept a ``native=False`` ModelConfig (a model_type only transformers knows, read by
+            :func:`memlib.measure.hf_config.load_any_config`, which needs transformers; this pure module never
+            imports it). The estimators leave it False: they refuse families whose terms memlib has not derived.
 
     Returns:
         The normalized ModelConfig.
@@ -685,10 +627,22 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family:
     """
     if isinstance(model, ModelConfig):
         if not model.native and not any_family:
-            raise _unsupported(model.model_type, False)
+            raise unsupported_model_type(model.model_type, False)
         return model
+    data, name = config_source(model)
+    return _from_dict(data, name, any_family)
+
+
+def config_source(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The raw config dict and the model's name, from a shipped name, a config.json path or a dict.
+
+    Introduced in Chapter 1 (what :func:`load_config` reads before it normalizes).
+
+    Raises:
+        MemlibError: unknown name, missing file or malformed JSON.
+    """
     if isinstance(model, dict):
-        return _from_dict(model, str(model.get("_name_or_path") or model.get("model_type") or "config"), any_family)
+        return model, str(model.get("_name_or_path") or model.get("model_type") or "config")
     text = str(model)
     path = Path(text)
     if text.endswith(".json") or path.is_file() or "/" in text:
@@ -696,10 +650,9 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family:
             path = path / "config.json"
         if not path.exists():
             raise MemlibError(f"config file {text!r} does not exist")
-        return _from_dict(_read_json(path), path.parent.name if path.name == "config.json" else path.stem, any_family)
+        return _read_json(path), path.parent.name if path.name == "config.json" else path.stem
     names = shipped_models(all_models=True)
     if text not in names:
         raise MemlibError(f"unknown model {text!r}; expected one of: {', '.join(names)} (or a path to a config.json)")
     folder = resources.files("memlib.core") / "configs"
-    data = json.loads((folder / f"{text}.json").read_text())
-    return _from_dict(data, text, any_family)
+    return json.loads((folder / f"{text}.json").read_text()), text

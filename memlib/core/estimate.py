@@ -15,10 +15,12 @@ from . import families_dense
 
 from . import families_moe
 from .attention_terms import gqa_attention_terms
+from .categories import estimate_by_category
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .lora import LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
+from .lora import (LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes,
+                   quantized_weight_bytes, targeted_linears)
 from .params import count_params
 
 __all__ = [
@@ -102,6 +104,16 @@ class TrainingEstimate:
     def model_states_bytes(self) -> int:
         """Parameters + gradients + optimizer states."""
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The estimated peak, named as the trace names it (:mod:`memlib.core.categories`): ``total_bytes``."""
+        return self.total_bytes
+
+    @property
+    def by_category(self) -> dict[str, int]:
+        """Bytes live at the peak per :class:`~memlib.core.categories.MemCategory` value, as the trace reports."""
+        return estimate_by_category(self)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (all byte values are ints)."""
@@ -580,9 +592,8 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
     pc = count_params(cfg)
     if weights in ("fp32", "fp16", "bf16"):
         w_bytes = int(per_param * pc.params)
-    else:  # quantized matrices; embeddings and norms stay in 16 bits, as in bitsandbytes/GPTQ practice
-        dense = pc.params - pc.embeddings - pc.lm_head - pc.norms
-        w_bytes = int(per_param * dense) + 2 * (pc.embeddings + pc.lm_head + pc.norms)
+    else:  # quantized Linear matrices; biases, embeddings, LM head and norms stay 16-bit (the one policy)
+        w_bytes = quantized_weight_bytes(cfg, weights)
     from .inference import kv_cache_bytes  # inference builds on this module
 
     kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding windows capped; MLA's latent

@@ -19,7 +19,7 @@ from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import KV_DTYPES
 from .families_moe import kv_elements_per_token
-from .gpus import GPUS
+from .hardware import GPU_MEMORY  # re-exported: the capacities of the one hardware table
 from .params import count_params
 from .search import largest_fitting
 
@@ -49,12 +49,6 @@ __all__ = [
 
 ModelLike = str | Path | dict[str, Any] | ModelConfig
 
-#: Memory of the GPUs in :data:`memlib.core.gpus.GPUS`, in bytes, keyed by their short names (``"rtx-4090"``): one
-#: table. Capacities are binary (DRAM chips and HBM stacks come in powers of two): the "24 GB" of an RTX
-#: 3090/4090 is 24 GiB of GDDR6X (12 chips of 2 GiB; 24 × 2³⁰ = 25.77e9 bytes). The usable amount is less: the
-#: driver keeps some, and ECC (on by default on data-centre cards such as T4, L4, L40S) more; read
-#: ``torch.cuda.mem_get_info()`` on the card.
-GPU_MEMORY: dict[str, int] = {name: g.memory_bytes for name, g in GPUS.items()}
 
 #: KV-cache layouts: multi-head (one K/V head per query head), grouped-query (the config's KV heads),
 #: multi-query (one K/V head shared by all query heads).
@@ -282,16 +276,9 @@ def kv_bytes_per_token(model: ModelLike, kv_dtype: str = "fp16", *, layout: str 
     Returns:
         Bytes per token.
     """
-    cfg = load_config(model)
-    check_choice("kv dtype", kv_dtype, KV_DTYPES)
-    latent = kv_elements_per_token(cfg)
-    if latent is not None and layout is None:  # MLA (DeepSeek-V2/V3): the compressed latent + shared rotary key
-        return latent * KV_DTYPES[kv_dtype]
-    heads = kv_heads_for(cfg, layout, num_kv_heads)
-    if seq_len is not None:
-        s = check_positive("seq_len", seq_len)
-        return -(-kv_cache_bytes(cfg, s, 1, kv_dtype, layout=layout, num_kv_heads=num_kv_heads) // s)
-    return 2 * cfg.num_layers * heads * cfg.head_dim * KV_DTYPES[kv_dtype]
+    # one formula, in kv_cache_bytes: a one-token sequence is cached by every layer (windows and MLA included)
+    s = 1 if seq_len is None else check_positive("seq_len", seq_len)
+    return -(-kv_cache_bytes(model, s, 1, kv_dtype, layout=layout, num_kv_heads=num_kv_heads) // s)
 
 
 def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1, act_bytes: int = 2,

@@ -32,6 +32,8 @@ from typing import Any
 
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_training
+from .hardware import GPUS
+from .hardware import LINK_BANDWIDTH as _LINK_BANDWIDTH
 from .search import largest_fitting
 
 __all__ = [
@@ -59,27 +61,14 @@ IMPLEMENTATIONS = ("deepspeed", "fsdp2")
 #: Where the offloaded states rest: host memory, or NVMe (ZeRO-Infinity; DeepSpeed only).
 TIERS = ("cpu", "nvme")
 
-#: Theoretical bandwidth of one direction of a link, bytes/s. PCIe x16: GT/s × 16 lanes × 128/130 / 8
-#: (Gen3 8 GT/s, Gen4 16, Gen5 32). NVLink-C2C (Grace Hopper): 900 GB/s both ways together. NVMe: one
-#: drive's PCIe x4 link (drives read at up to about this; writes are usually slower); RAID-0 over d drives
-#: multiplies it by d, and the drives share the host's PCIe lanes.
-LINK_BANDWIDTH: dict[str, float] = {
-    "pcie3": 8e9 * 16 * 128 / 130 / 8,     # 15.75 GB/s
-    "pcie4": 16e9 * 16 * 128 / 130 / 8,    # 31.5 GB/s
-    "pcie5": 32e9 * 16 * 128 / 130 / 8,    # 63.0 GB/s
-    "nvlink-c2c": 450e9,                   # GH200 CPU<->GPU, per direction
-    "nvme-gen4": 16e9 * 4 * 128 / 130 / 8,  # 7.88 GB/s, one PCIe 4.0 x4 drive
-    "nvme-gen5": 32e9 * 4 * 128 / 130 / 8,  # 15.75 GB/s, one PCIe 5.0 x4 drive
-}
+#: The host links (bytes/s, one direction), from the one hardware table: :data:`memlib.core.hardware.LINK_BANDWIDTH`.
+LINK_BANDWIDTH: dict[str, float] = _LINK_BANDWIDTH
 
-#: Dense 16-bit tensor-core peaks, FLOP/s (datasheets often print twice this, with sparsity).
-GPU_PEAK_FLOPS: dict[str, float] = {
-    "v100": 125e12,
-    "a100": 312e12,
-    "h100": 989.5e12,
-    "h200": 989.5e12,
-    "rtx4090": 165.2e12,
-}
+#: The GPUs the offload model names, and their dense 16-bit tensor-core peaks in FLOP/s, read from
+#: :data:`memlib.core.hardware.GPUS` (fp16: the V100 has no bf16; bf16 = fp16 on the others).
+_OFFLOAD_GPUS: dict[str, str] = {"v100": "v100", "a100": "a100-80gb", "h100": "h100-sxm", "h200": "h200",
+                                "rtx4090": "rtx-4090"}
+GPU_PEAK_FLOPS: dict[str, float] = {key: GPUS[name].peak_flops("fp16") for key, name in _OFFLOAD_GPUS.items()}
 
 #: Share of a link's theoretical bandwidth that pinned-memory copies reach (an assumption; measure yours
 #: with a large pinned ``tensor.to("cuda", non_blocking=True)``).

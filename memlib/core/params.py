@@ -9,6 +9,7 @@ from . import families_dense
 
 from . import families_moe
 from .configs import DENSE_FAMILIES, ModelConfig, load_config
+from .errors import MemlibError
 
 __all__ = ["ParamCount", "count_params"]
 
@@ -75,8 +76,8 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     from the config alone, without torch, and so are the MoE and latent-attention families (mixtral,
     qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3: :func:`memlib.core.families_moe.count_params_moe`; total vs
     active parameters: :func:`memlib.core.families_moe.moe_params`). Any other causal LM transformers knows is
-    counted from its class built on the meta device (no memory, no download): that needs torch and
-    transformers.
+    counted from its class built on the meta device (no memory, no download) by
+    :func:`memlib.measure.hf_config.count_params_any`, which needs torch and transformers.
 
     Args:
         model: shipped name, path to a config.json, config dict or ModelConfig.
@@ -86,7 +87,8 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     """
     cfg = load_config(model, any_family=True)
     if not cfg.native:
-        return _count_built(cfg)
+        raise MemlibError(f"model_type {cfg.model_type!r} is counted from its transformers class: use "
+                          f"memlib.measure.hf_config.count_params_any (needs torch and transformers)")
     if cfg.model_type in DENSE_FAMILIES:
         return _from_tensors(*families_dense.param_tensors(cfg), cfg.num_layers)
     if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.core.families_moe
@@ -138,45 +140,3 @@ def _from_tensors(layer: list[tuple[str, int]], outside: list[tuple[str, int]], 
     small = num_layers * sum(n for _, n in layer if n < 4096) + sum(n for _, n in outside if n < 4096)
     return ParamCount(params=num_layers * per_layer + sum(n for _, n in outside), per_layer=per_layer,
                       small_tensor_params=small, num_tensors=num_layers * len(layer) + len(outside), **parts)
-
-
-def _count_built(cfg: ModelConfig) -> ParamCount:
-    """Count a family memlib does not derive itself from its transformers class built on the meta device.
-
-    The components are read from the modules: norms (a module class named ``*Norm``), attention (under an
-    ``attn``/``attention`` module), embeddings (``nn.Embedding``), the LM head (the output embedding when not
-    tied), MLP (everything else in the layers: experts and routers included). ``per_layer`` is the largest
-    layer (DeepSeek's dense first layers are smaller than its MoE layers).
-    """
-    from .errors import require_torch
-
-    torch = require_torch(f"counting the parameters of model_type {cfg.model_type!r}")
-    from ..measure.trace import _decoder_layers, build_model
-
-    net = build_model(cfg, device="meta", dtype="bf16", attention="eager")  # every family has eager attention
-    head = net.get_output_embeddings()
-    head_weight = getattr(head, "weight", None)
-    parts = {"embeddings": 0, "attention": 0, "mlp": 0, "norms": 0, "lm_head": 0}
-    owner: dict[int, tuple[str, Any]] = {}
-    for mod_name, mod in net.named_modules():
-        for p_name, p in mod.named_parameters(recurse=False):
-            owner.setdefault(id(p), (f"{mod_name}.{p_name}", mod))
-    total = small = tensors = 0
-    for p in net.parameters():  # each tensor once (a tied head is the embedding)
-        name, mod = owner[id(p)]
-        n = p.numel()
-        total += n
-        tensors += 1
-        small += n if n < 4096 else 0
-        if "norm" in type(mod).__name__.lower():
-            parts["norms"] += n
-        elif p is head_weight and not isinstance(mod, torch.nn.Embedding):
-            parts["lm_head"] += n
-        elif isinstance(mod, torch.nn.Embedding):
-            parts["embeddings"] += n
-        elif any(k in name for k in ("attn", "attention")):
-            parts["attention"] += n
-        else:
-            parts["mlp"] += n
-    per_layer = max(sum(p.numel() for p in layer.parameters()) for layer in _decoder_layers(net))
-    return ParamCount(params=total, per_layer=per_layer, small_tensor_params=small, num_tensors=tensors, **parts)

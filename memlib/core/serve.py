@@ -30,7 +30,7 @@ from .dtypes import GiB, MiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_inference
 from .families_moe import kv_elements_per_token
-from .gpus import get_gpu
+from .hardware import get_gpu
 from .inference import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
                         kv_heads_for)
 
@@ -270,7 +270,7 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
         max_model_len: tokens per request (prompt + output), at most the model's positions.
-        gpu: a GPU of :data:`memlib.core.gpus.GPUS` (``"h100-sxm"``); or give ``gpu_memory``.
+        gpu: a GPU of :data:`memlib.core.hardware.GPUS` (``"h100-sxm"``); or give ``gpu_memory``.
         gpu_memory: memory of one GPU in bytes or as text (``"80GiB"``).
         gpu_memory_utilization: the engine's share of the GPU, in (0, 1].
         kv_dtype: KV-cache format, one of :data:`SERVE_KV_DTYPES`.
@@ -422,7 +422,7 @@ def decode_latency_s(model: ModelLike, *, gpu: str, batch_size: int = 1, context
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
-        gpu: a GPU of :data:`memlib.core.gpus.GPUS`.
+        gpu: a GPU of :data:`memlib.core.hardware.GPUS`.
         batch_size: sequences decoded together.
         context_len: tokens in each sequence's cache.
         weights: weight format.

@@ -14,7 +14,7 @@ from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from .dtypes import GB, GiB
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_training
-from .gpus import GPUS
+from .hardware import GPUS
 
 __all__ = [
     "STAGES",

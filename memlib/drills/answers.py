@@ -15,7 +15,7 @@ from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS
 from ..core.estimate import estimate_inference, estimate_training, state_bytes_per_param
 from ..core.flops import matmul_params, palm_flops
-from ..core.gpus import get_gpu
+from ..core.hardware import get_gpu
 from ..core.inference import forward_activation_bytes, reserve_bytes, serving_fit
 from ..core.lora import lora_params, qlora_base_bytes
 from ..core.params import count_params

@@ -17,7 +17,7 @@ from ..core.errors import check_choice
 from ..core.estimate import (KV_DTYPES, estimate_inference, estimate_training, korthikanti_activation_bytes,
                              state_bytes_per_param)
 from ..core.flops import matmul_params, palm_flops
-from ..core.gpus import get_gpu
+from ..core.hardware import get_gpu
 from ..core.lora import lora_params
 from ..core.parallel import bubble_fraction, in_flight, korthikanti_layer_bytes
 from ..core.params import count_params

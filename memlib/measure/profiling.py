@@ -784,7 +784,7 @@ def mfu_run(model: ModelLike, *, batch_size: int, seq_len: int, device: str = "c
     """Time training steps and compute achieved TFLOP/s, MFU and HFU: the record Chapter 12's lab stores.
 
     Introduced in Chapter 12. Model FLOPs are :func:`memlib.core.flops.training_flops` with all T×T scores (PaLM's
-    convention); on CUDA the peak is the dense ``dtype`` peak of the matching entry of :mod:`memlib.core.gpus`
+    convention); on CUDA the peak is the dense ``dtype`` peak of the matching entry of :mod:`memlib.core.hardware`
     unless ``peak_flops_per_s`` is given (required on CPU: estimate it with :func:`matmul_benchmark`).
 
     Returns:
@@ -793,7 +793,7 @@ def mfu_run(model: ModelLike, *, batch_size: int, seq_len: int, device: str = "c
     """
     torch = _torch()
     from ..core.flops import hfu, mfu, training_flops
-    from ..core.gpus import match_gpu
+    from ..core.hardware import match_gpu
 
     timing = time_training_step(model, batch_size=batch_size, seq_len=seq_len, device=device, dtype=dtype,
                                 recompute=recompute, steps=steps, warmup=warmup, overrides=overrides)

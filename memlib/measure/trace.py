@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.categories import MemCategory
 from ..core.configs import ModelConfig, check_seq_len, load_config
+from .hf_config import load_any_config
 from ..core.errors import MemlibError, check_choice, check_positive, require_torch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -455,9 +456,9 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
     torch = _torch()
     check_choice("attention", attention, ("eager", "sdpa"))
     check_choice("dtype", dtype, ("fp32", "bf16", "fp16"))
-    cfg = load_config(model, any_family=True)
+    cfg = load_any_config(model)
     raw = _with_layers(dict(cfg.raw), overrides)
-    load_config(raw, any_family=True)  # validate the overridden config
+    load_any_config(raw)  # validate the overridden config
     try:
         import transformers
     except ImportError:  # pragma: no cover
@@ -469,7 +470,7 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
         config_cls, model_cls = _model_classes(raw["model_type"])
         hf_cfg = config_cls(**raw)
     else:  # any causal LM transformers knows, through its auto classes
-        from ..core.configs import transformers_config
+        from .hf_config import transformers_config
 
         hf_cfg = transformers_config(raw)
         model_cls = None
@@ -591,10 +592,10 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         of the second step, read from the CUDA caching allocator (Chapter 1's lab compares them).
     """
     torch = _torch()
-    cfg = load_config(model, any_family=True)
+    cfg = load_any_config(model)
     batch_size = check_positive("batch_size", batch_size)
     seq_len = check_positive("seq_len", seq_len)
-    limits = (dataclasses.replace(load_config({**cfg.raw, **overrides}, any_family=True), name=cfg.name)
+    limits = (dataclasses.replace(load_any_config({**cfg.raw, **overrides}), name=cfg.name)
               if overrides else cfg)
     check_seq_len(limits, seq_len)  # transformers would fail on longer inputs (GPT-2: IndexError)
     check_choice("precision", precision, TRACE_PRECISIONS)

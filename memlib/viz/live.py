@@ -45,7 +45,7 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/attention_terms", "core/categories", "core/configs", "core/dtypes",
     "core/errors", "core/estimate", "core/families_dense", "core/families_moe", "core/flops", "core/formats",
-    "core/gpus", "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan",
+    "core/hardware", "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan",
     "core/search", "core/serve", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts",
     "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__", "viz/live", "viz/plots",
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.categories import estimate_by_category
 from ..core.dtypes import GB, GiB
 from ..core.estimate import TrainingEstimate
 
@@ -32,37 +33,10 @@ _PHASE_NAMES = {"backward": "backward", "optimizer": "optimizer step", "states":
 def peak_composition(estimate: TrainingEstimate) -> dict[str, int]:
     """What is live at the estimated peak moment, by category; the values add up to ``total_bytes``.
 
-    Introduced in Chapter 1. The categories of a :class:`~memlib.core.estimate.TrainingEstimate` are not all
-    live at once: at a peak in the optimizer step the activations are gone and every gradient exists; at a
-    peak in the backward pass (usually its start, at the loss) the saved activations are live and the
-    gradients are not yet produced. So:
-
-    * ``peak_phase == "optimizer"``: parameters, gradients, optimizer states and the step's temporaries;
-      activations 0.
-    * ``peak_phase == "backward"``: parameters, optimizer states, the saved activations and, as ``temp``,
-      everything else on top of them at that moment (the loss's and the backward's temporaries); gradients 0.
-    * ``peak_phase == "states"`` (``params=`` estimates): the model states.
-
-    Known limitation: the estimator reports one backward-phase excess over the states, not its split; when
-    the backward peak falls later than the loss (some gradients already produced, some activations freed),
-    the gradients produced so far are counted in ``temp`` and ``activations`` is capped at that excess.
-
-    Args:
-        estimate: a result of :func:`memlib.core.estimate.estimate_training`.
-
-    Returns:
-        Bytes per category (keys of :data:`CATEGORY_COLORS`), summing to ``estimate.total_bytes``.
+    Introduced in Chapter 1. The same as ``estimate.by_category``: :func:`memlib.core.categories.estimate_by_category`
+    (the one definition, shared with the trace's ``by_category``), keyed like :data:`CATEGORY_COLORS`.
     """
-    p, o = estimate.params_bytes, estimate.optimizer_bytes
-    if estimate.peak_phase == "optimizer":
-        g, act = estimate.grads_bytes, 0
-    elif estimate.peak_phase == "backward":
-        g = 0
-        act = max(0, min(estimate.activations_bytes or 0, estimate.total_bytes - p - o))
-    else:
-        g, act = estimate.grads_bytes, 0
-    temp = estimate.total_bytes - p - g - o - act
-    return {"params": p, "grads": g, "optimizer": o, "activations": act, "temp": max(temp, 0)}
+    return estimate_by_category(estimate)
 
 
 def training_breakdown_figure(estimates: Sequence[TrainingEstimate], labels: Sequence[str], *,

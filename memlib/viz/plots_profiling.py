@@ -6,7 +6,7 @@ from typing import Any
 
 from ..core.errors import MemlibError
 from ..core.flops import OpIntensity, attainable_flops
-from ..core.gpus import GpuSpec
+from ..core.hardware import GpuSpec
 
 __all__ = ["roofline_figure", "memory_timeline_figure"]
 

@@ -1,4 +1,4 @@
-"""The GPU spec table of Chapter 12: dense peaks, units, lookups."""
+"""The one hardware table (memlib.core.hardware): dense peaks, capacities, links, units, lookups."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memlib.core.errors import MemlibError
-from memlib.core.gpus import GPUS, get_gpu, gpu_names, match_gpu
+from memlib.core.hardware import GPU_MEMORY, GPUS, LINK_BANDWIDTH, PCIE_GT_PER_S, get_gpu, gpu_names, match_gpu, pcie_bandwidth
 
 EXPECTED = {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "l40s", "h100-sxm",
             "h100-pcie", "h200"}
@@ -76,8 +76,6 @@ def test_lookup_roundtrip(name: str) -> None:
 def test_capacities_are_binary_and_one_table() -> None:
     # DRAM chips and HBM stacks come in powers of two: the datasheet's "24 GB" is 24 GiB (nvidia-smi: 24,576 MiB
     # on a 3090), "80 GB" is 80 GiB; memlib.core.inference.GPU_MEMORY is this table, not a second one.
-    from memlib.core.inference import GPU_MEMORY
-
     for name in ("rtx-3090", "rtx-4090", "a10", "l4"):
         assert get_gpu(name).memory_bytes == 24 * 2**30
     for name in ("a100-80gb", "h100-sxm", "h100-pcie"):
@@ -85,3 +83,50 @@ def test_capacities_are_binary_and_one_table() -> None:
     assert get_gpu("t4").memory_bytes == 16 * 2**30 and get_gpu("v100").memory_bytes == 32 * 2**30
     assert get_gpu("l40s").memory_bytes == 48 * 2**30 and get_gpu("a100-40gb").memory_bytes == 40 * 2**30
     assert GPU_MEMORY == {name: g.memory_bytes for name, g in GPUS.items()}
+
+
+def test_every_row_is_complete_and_in_consistent_units() -> None:
+    for g in GPUS.values():
+        # capacity: an integer number of GiB (the vendor's "GB" of DRAM/HBM is binary), in bytes
+        assert isinstance(g.memory_bytes, int) and g.memory_bytes % 2**30 == 0 and g.memory_gib >= 16, g.name
+        assert f"{g.memory_gib:.0f} GB" in g.full_name or g.name in ("t4", "a10", "rtx-3090", "rtx-4090", "l4", "l40s")
+        assert f"{g.memory_gib:.0f} GB" in g.source, g.name  # the datasheet figure the row is read from
+        # rates are decimal bytes/s, whole GB/s for memory, and in a plausible range (GDDR6 to HBM3e)
+        assert isinstance(g.bandwidth_bytes_per_s, int) and g.bandwidth_bytes_per_s % 10**9 == 0
+        assert 250e9 <= g.bandwidth_bytes_per_s <= 5e12
+        # dense peaks in TFLOP/s: positive, tensor cores above the CUDA cores, fp8 twice bf16 where it exists
+        peaks = {d: g.peak_flops(d) for d in ("fp16", "fp32", "bf16", "tf32", "fp8")
+                 if getattr(g, f"{d}_tflops") is not None}
+        assert all(v > 0 for v in peaks.values()) and 1e12 < peaks["fp16"] < 1e16
+        if "fp8" in peaks:
+            assert peaks["fp8"] == pytest.approx(2 * peaks["fp16"], rel=0.015), g.name  # L40S prints 733 vs 362.05
+            assert g.architecture in ("Ada Lovelace", "Hopper")
+        if "tf32" in peaks:
+            assert peaks["tf32"] == pytest.approx(peaks["fp16"] / 2, rel=0.015), g.name
+        # links: PCIe generation known; NVLink (both directions together) faster than that PCIe link, or absent
+        assert g.pcie_gen in PCIE_GT_PER_S and g.pcie_bytes_per_s == pcie_bandwidth(g.pcie_gen)
+        assert g.nvlink_bytes_per_s is None or g.nvlink_bytes_per_s > 2 * g.pcie_bytes_per_s
+        assert g.source.startswith("NVIDIA") and ("datasheet" in g.source or "whitepaper" in g.source)
+
+
+def test_known_links_and_fp8() -> None:
+    assert get_gpu("h100-sxm").nvlink_bytes_per_s == 900e9 and get_gpu("a100").nvlink_bytes_per_s == 600e9
+    assert get_gpu("v100").nvlink_bytes_per_s == 300e9 and get_gpu("rtx-4090").nvlink_bytes_per_s is None
+    assert get_gpu("h100").pcie_bytes_per_s == pytest.approx(63.0e9, rel=1e-3)  # Gen5 x16, one direction
+    assert get_gpu("a100").pcie_bytes_per_s == pytest.approx(31.5e9, rel=1e-3)  # the datasheet's 64 GB/s, both ways
+    assert get_gpu("h100").peak_flops("fp8") == 1979e12
+    with pytest.raises(MemlibError, match="no fp8"):
+        get_gpu("a100").peak_flops("fp8")
+    with pytest.raises(MemlibError, match="unknown PCIe generation 6"):
+        pcie_bandwidth(6)
+
+
+def test_other_modules_read_this_table() -> None:
+    # one fact, one place: the offload model's peaks and links, the inference capacities and ZeRO's V100 are
+    # views of this table, not copies
+    from memlib.core import inference, offload, zero
+
+    assert offload.LINK_BANDWIDTH is LINK_BANDWIDTH and inference.GPU_MEMORY is GPU_MEMORY
+    assert offload.GPU_PEAK_FLOPS == {k: get_gpu(k).peak_flops("fp16") for k in offload.GPU_PEAK_FLOPS}
+    assert set(offload.GPU_PEAK_FLOPS) == {"v100", "a100", "h100", "h200", "rtx4090"}
+    assert zero.V100_BYTES == get_gpu("v100").memory_bytes
