@@ -189,3 +189,13 @@ def test_every_figure_is_numbered_captioned_and_described(book_check) -> None:
     figures = [f for r in reports for f in r.figures]
     assert len(figures) >= 30, f"only {len(figures)} figures seen in cell outputs"
     assert len({f["id"] for f in figures}) == len(figures), "two figures share an id"
+
+
+def test_every_chapter_links_its_terms_to_the_glossary(book_check) -> None:
+    """Each chapter links the first use of at least five glossary terms ({term}), and every such link resolves
+    (the link check of test_every_page_renders_offline covers the anchors)."""
+    reports, _ = book_check
+    chapters = [r for r in reports if re.match(r"chapters/\d\d_", r.page)]
+    assert len(chapters) >= 15
+    few = {r.page: n for r in chapters if (n := len({u for u in r.links if "glossary.html#term-" in u})) < 5}
+    assert not few, f"chapters with fewer than 5 glossary links: {few}"
