@@ -163,6 +163,7 @@ def test_gpu_table_is_an_html_table(book_check) -> None:
 @pytest.mark.parametrize(("prefix", "caption_part", "first_header"), [
     ("chapters/01_", "estimate vs the traced peak", "model"),
     ("chapters/13_", "The ladder taken to its end", "rung"),
+    ("chapters/12_", "Llama-2-7B's operations at 4096 tokens", "op"),
     ("drills/01_", "The question bank", "chapter"),
     ("drills/02_", "The kinds of numeric drill", "kind"),
 ])
