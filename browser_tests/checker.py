@@ -13,7 +13,11 @@ page the checker reports:
   MathJax output) or a MathJax TeX error box;
 * ``code-scroll`` — a code cell or output (``div.highlight pre``) that scrolls sideways instead of wrapping;
 * ``widget`` — an ipywidgets view that rendered nothing (empty or zero-height container);
-* ``link`` — an internal link whose page does not answer HTTP 200, or whose ``#anchor`` is not on that page.
+* ``link`` — an internal link whose page does not answer HTTP 200, or whose ``#anchor`` is not on that page;
+* ``figure`` — an image in a notebook cell's output (a matplotlib figure) that is not in a ``<figure>`` with a
+  numbered caption ("Fig. 3.2 …"), or whose alt text is missing, its file name or a hash;
+* ``table`` — a reference table (``table.memlib-table``) without ``<caption>`` or ``<thead>``, with a numeric
+  column not right-aligned, or not inside a box that scrolls sideways (``overflow-x: auto``).
 
 Usage: ``python browser_tests/checker.py _build/html`` (exit status 1 when anything is wrong).
 """
@@ -35,8 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Problem", "PageReport", "book_pages", "check_site", "navigation_walk",
-           "pages_wider_than", "search_finds", "serve", "static_offline_problems"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Problem", "PageReport", "book_pages", "check_site", "figure_problems",
+           "navigation_walk", "pages_wider_than", "search_finds", "serve", "static_offline_problems"]
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (apt-get install -y chromium); never a downloaded browser
 CHROMIUM_ARGS = (
@@ -81,6 +85,8 @@ class PageReport:
     images: int = 0
     math: int = 0
     widgets: int = 0  # rendered ipywidgets views plus live calculators (.memlib-live)
+    tables: list[dict] = field(default_factory=list)   # every <table>: caption, header, rows (cell texts)
+    figures: list[dict] = field(default_factory=list)  # every image in a cell output: alt, caption, id
     seconds: float = 0.0
 
 
@@ -171,6 +177,32 @@ _INSPECT_JS = """(rawMath) => {
     if (!ok) out.emptyWidgets.push(`widget ${k + 1} of ${views.length} (${s.textContent.slice(0, 60)})`);
   });
   for (const a of document.querySelectorAll('a[href]')) out.links.push(a.href);
+  // Tables as a reader sees them, and the reference tables' form (caption, header, aligned numbers, scroll box).
+  const txt = e => (e ? e.textContent : '').replace(/\\s+/g, ' ').trim();
+  out.tables = Array.from(document.querySelectorAll('table')).map(t => ({
+    caption: txt(t.querySelector(':scope > caption')),
+    header: Array.from(t.querySelectorAll(':scope > thead > tr:last-child > th')).map(txt),
+    rows: Array.from(t.querySelectorAll(':scope > tbody > tr')).map(tr => Array.from(tr.children).map(txt)),
+    reference: t.classList.contains('memlib-table')}));
+  out.badTables = [];
+  document.querySelectorAll('table.memlib-table').forEach((t, k) => {
+    const name = `table ${k + 1} (${JSON.stringify(txt(t.querySelector('caption')).slice(0, 60))})`;
+    if (!t.querySelector(':scope > caption') || !txt(t.querySelector(':scope > caption')))
+      out.badTables.push(`${name}: no caption`);
+    if (!t.querySelector(':scope > thead')) out.badTables.push(`${name}: no <thead>`);
+    const box = t.parentElement;
+    if (!box || getComputedStyle(box).overflowX !== 'auto') out.badTables.push(`${name}: not in a box that scrolls sideways`);
+    for (const c of t.querySelectorAll('.num')) {
+      if (getComputedStyle(c).textAlign !== 'right') { out.badTables.push(`${name}: numeric cell ${JSON.stringify(txt(c))} not right-aligned`); break; }
+    }
+  });
+  // Images in notebook cell outputs (the matplotlib figures): numbered caption and meaningful alt text.
+  out.figures = Array.from(document.querySelectorAll('div.cell_output img, div.output img')).map(img => {
+    const fig = img.closest('figure');
+    const cap = fig ? fig.querySelector('figcaption') : null;
+    const file = (img.getAttribute('src') || '').split('/').pop();
+    return {src: file, alt: img.getAttribute('alt') || '', caption: txt(cap), id: fig ? (fig.id || '') : ''};
+  });
   // Code cells and outputs wrap (the book's _static/book.css); one that scrolls sideways is reported.
   out.scrolling = [];
   for (const p of document.querySelectorAll('div.highlight pre')) {
@@ -181,6 +213,23 @@ _INSPECT_JS = """(rawMath) => {
   }
   return out;
 }"""
+
+
+_FIG_NUMBER = re.compile(r"^Fig\. \d+(\.\d+)*\s+\S")
+_HASHLIKE = re.compile(r"^[0-9a-f]{16,}(\.\w+)?$")
+
+
+def figure_problems(fig: dict) -> list[str]:
+    """What is wrong with one figure of a cell output: its caption (numbered, with text) and its alt text."""
+    out = []
+    if not fig.get("id") and not fig.get("caption"):
+        out.append("not in a numbered, captioned figure")
+    elif not _FIG_NUMBER.match(fig.get("caption", "")):
+        out.append(f"caption without a number or text: {fig.get('caption', '')[:60]!r}")
+    alt = fig.get("alt", "").strip()
+    if len(alt) < 20 or alt == fig.get("src") or _HASHLIKE.match(alt) or alt.endswith((".png", ".svg", ".jpg")):
+        out.append(f"alt text is not a description: {alt[:60]!r}")
+    return out
 
 
 def _where(message) -> str:
@@ -237,7 +286,7 @@ def _check_page(context, root: Path, base: str, page: str, screenshot: Path | No
     except Exception as exc:  # a page that hangs or crashes is a problem, not a checker crash
         add("page-error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
         info = {"nimages": 0, "images": [], "rawMath": [], "untypeset": 0, "mathErrors": [], "math": 0, "widgets": 0,
-                "emptyWidgets": [], "links": []}
+                "emptyWidgets": [], "links": [], "tables": [], "badTables": [], "figures": []}
     finally:
         pg.close()
     report.seconds = time.perf_counter() - t0
@@ -255,7 +304,13 @@ def _check_page(context, root: Path, base: str, page: str, screenshot: Path | No
         add("widget", f"empty: {w}")
     for detail in info.get("scrolling", ()):
         add("code-scroll", detail)
+    for detail in info.get("badTables", ()):
+        add("table", detail)
+    for fig in info.get("figures", ()):
+        for detail in figure_problems(fig):
+            add("figure", f"{fig['src'][:24]}: {detail}")
     report.images, report.math, report.widgets = info["nimages"], info["math"], info["widgets"]
+    report.tables, report.figures = info.get("tables", []), info.get("figures", [])
     report.links = {u for u in info["links"] if urllib.parse.urlsplit(u).netloc == origin}
     return report
 

@@ -113,3 +113,91 @@ def test_no_page_scrolls_sideways_at_phone_width(site: Path) -> None:
     tables scroll inside their own box."""
     problems = pages_wider_than(site, book_pages(site), 390)
     assert not problems, "\n".join(map(str, problems))
+
+
+def _report(book_check, prefix: str):
+    reports, _ = book_check
+    found = [r for r in reports if r.page.startswith(prefix)]
+    assert found, f"no page {prefix}* was checked"
+    return found[0]
+
+
+def _table(report, caption_part: str) -> dict:
+    tables = [t for t in report.tables if caption_part in t["caption"]]
+    assert len(tables) == 1, (f"{report.page}: want one <table> captioned …{caption_part}…; captions: "
+                              f"{[t['caption'] for t in report.tables]}")
+    return tables[0]
+
+
+def test_zero_table_1_is_an_html_table(book_check) -> None:
+    """Chapter 6 shows the ZeRO paper's Table 1 as a real <table>: the 54 cells memlib recomputes, in place."""
+    import sys
+    sys.path.insert(0, str(REPO))
+    from memlib.core.zero import TABLE1_DP, TABLE1_PARAMS, table1
+
+    t = _table(_report(book_check, "chapters/06_"), "Table 1")
+    assert t["reference"]
+    assert t["header"] == ["DP"] + ["P_os", "P_os+g", "P_os+g+p"] * 3
+    by = {(c.params, c.dp, c.stage): c for c in table1()}
+    want = [[str(dp)] + [f"{by[p, dp, s].printed}{'✓' if by[p, dp, s].fits_v100 else ''}"
+                         for p in TABLE1_PARAMS for s in (1, 2, 3)] for dp in TABLE1_DP]
+    assert t["rows"] == want
+
+
+def test_gpu_table_is_an_html_table(book_check) -> None:
+    """Chapter 12's GPU peaks are a real <table>: one row per GPU of memlib.core.hardware, every column present."""
+    import sys
+    sys.path.insert(0, str(REPO))
+    from memlib import GiB
+    from memlib.core.hardware import GPUS
+
+    t = _table(_report(book_check, "chapters/12_"), "GPU peaks")
+    assert t["reference"]
+    assert t["header"] == ["GPU", "architecture", "bf16", "fp16", "tf32", "fp32", "fp8", "sparse*", "memory (GiB)",
+                           "GB/s", "ridge (FLOP/B)", "NVLink GB/s", "PCIe"]
+    assert [r[0] for r in t["rows"]] == [g.full_name for g in GPUS.values()]
+    assert [r[8] for r in t["rows"]] == [f"{g.memory_bytes / GiB:.0f}" for g in GPUS.values()]
+    assert [r[12] for r in t["rows"]] == [f"Gen{g.pcie_gen}" for g in GPUS.values()]
+    assert all(len(r) == 13 for r in t["rows"])
+
+
+@pytest.mark.parametrize(("prefix", "caption_part", "first_header"), [
+    ("chapters/01_", "estimate vs the traced peak", "model"),
+    ("chapters/13_", "The ladder taken to its end", "rung"),
+    ("chapters/12_", "Llama-2-7B's operations at 4096 tokens", "op"),
+    ("drills/01_", "The question bank", "chapter"),
+    ("drills/02_", "The kinds of numeric drill", "kind"),
+])
+def test_other_reference_tables_are_html_tables(book_check, prefix: str, caption_part: str,
+                                                first_header: str) -> None:
+    t = _table(_report(book_check, prefix), caption_part)
+    assert t["reference"] and t["header"][0] == first_header and len(t["rows"]) >= 4
+
+
+def test_reference_tables_have_caption_header_aligned_numbers_and_scroll(book_check) -> None:
+    """Every table.memlib-table: a caption, a <thead>, right-aligned numbers, a box that scrolls sideways."""
+    reports, problems = book_check
+    bad = [p for p in problems if p.kind == "table"]
+    assert not bad, "\n".join(map(str, bad))
+    assert sum(t["reference"] for r in reports for t in r.tables) >= 6
+
+
+def test_every_figure_is_numbered_captioned_and_described(book_check) -> None:
+    """Every matplotlib figure of a cell output sits in a <figure> whose caption starts "Fig. N", and its alt text
+    describes it (not the image's hash file name)."""
+    reports, problems = book_check
+    bad = [p for p in problems if p.kind == "figure"]
+    assert not bad, f"{len(bad)} figures:\n" + "\n".join(map(str, bad))
+    figures = [f for r in reports for f in r.figures]
+    assert len(figures) >= 30, f"only {len(figures)} figures seen in cell outputs"
+    assert len({f["id"] for f in figures}) == len(figures), "two figures share an id"
+
+
+def test_every_chapter_links_its_terms_to_the_glossary(book_check) -> None:
+    """Each chapter links the first use of at least five glossary terms ({term}), and every such link resolves
+    (the link check of test_every_page_renders_offline covers the anchors)."""
+    reports, _ = book_check
+    chapters = [r for r in reports if re.match(r"chapters/\d\d_", r.page)]
+    assert len(chapters) >= 15
+    few = {r.page: n for r in chapters if (n := len({u for u in r.links if "glossary.html#term-" in u})) < 5}
+    assert not few, f"chapters with fewer than 5 glossary links: {few}"

@@ -19,6 +19,11 @@ GOOD = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>good</title>
 <script defer src="vendor/mathjax/tex-chtml.js"></script></head><body>
 <h1 id="top">Good</h1>
 <p>Inline <span class="math notranslate nohighlight">\\(E = mc^2\\)</span> and an image <img src="dot.png" alt="dot">.</p>
+<figure id="fig-dot"><div class="cell_output"><img src="dot.png" alt="One black dot on a white square, one pixel wide"></div>
+<figcaption><p><span class="caption-number">Fig. 1.2 </span><span class="caption-text">A dot.</span></p></figcaption></figure>
+<div class="memlib-table-wrap" style="overflow-x: auto"><table class="memlib-table"><caption>Sizes</caption>
+<thead><tr><th scope="col">model</th><th scope="col" class="num" style="text-align: right">GB</th></tr></thead>
+<tbody><tr><th scope="row">gpt2</th><td class="num" style="text-align: right">10.10</td></tr></tbody></table></div>
 <div class="math notranslate nohighlight">\\[\\sum_i x_i\\]</div>
 <div class="highlight"><pre>x_{i} = a^{2} / \\frac  # TeX-like text inside code is code, not an untypeset formula</pre></div>
 <p><a href="other.html#part">same site, existing anchor</a> <a href="#top">top</a>
@@ -38,6 +43,11 @@ BROKEN = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>broken</titl
 <div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">
 {"model_id": "abc", "version_major": 2, "version_minor": 0}</script></div>
 <p><a href="nowhere.html">dead link</a> <a href="other.html#no-such-anchor">dead anchor</a></p>
+<div class="cell_output"><img src="0f3a9c2e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b2a1f.png"
+ alt="0f3a9c2e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b2a1f.png"></div>
+<figure id="fig-nonumber"><div class="cell_output"><img src="dot.png" alt="A dot plot of nothing in particular, drawn small"></div>
+<figcaption><p>A caption without its number</p></figcaption></figure>
+<table class="memlib-table"><tr><td class="num">1</td></tr></table>
 <script>console.error("boom from the fixture"); undefinedFunctionCall();</script>
 </body></html>"""
 
@@ -78,6 +88,13 @@ def broken(tmp_path_factory: pytest.TempPathFactory):
     ("widget", "empty"),                            # a widget view nobody rendered
     ("link", "nowhere.html -> HTTP 404"),
     ("link", "no-such-anchor"),
+    ("figure", "not in a numbered, captioned figure"),  # a bare matplotlib image (the book before captions)
+    ("figure", "alt text is not a description"),       # alt = the hash file name myst-nb writes
+    ("figure", "caption without a number"),
+    ("table", "no caption"),                            # a reference table without <caption>, <thead> …
+    ("table", "no <thead>"),
+    ("table", "not in a box that scrolls sideways"),
+    ("table", "not right-aligned"),
 ])
 def test_broken_page_fails_the_checker(broken, kind: str, needle: str) -> None:
     _, by_kind = broken
@@ -95,7 +112,11 @@ def test_sound_page_passes_with_self_hosted_mathjax(tmp_path: Path) -> None:
     shutil.copytree(MATHJAX, root / "vendor" / "mathjax")
     reports, problems = check_site(root, ["good.html"])
     assert problems == []
-    assert reports[0].math == 2 and reports[0].images == 1 and len(reports[0].links) == 2  # local links only
+    assert reports[0].math == 2 and reports[0].images == 2 and len(reports[0].links) == 2  # local links only
+    assert reports[0].figures == [{"src": "dot.png", "alt": "One black dot on a white square, one pixel wide",
+                                   "caption": "Fig. 1.2 A dot.", "id": "fig-dot"}]
+    assert reports[0].tables == [{"caption": "Sizes", "header": ["model", "GB"], "rows": [["gpt2", "10.10"]],
+                                  "reference": True}]
     assert static_offline_problems(root) == []
 
 
