@@ -267,8 +267,7 @@ def measure_forward_peak(model: Any, *, batch_size: int = 1, seq_len: int = 2048
     net = build_model(model, device="meta", dtype=dtype, attention="sdpa",
                       overrides={"num_hidden_layers": num_layers, "n_layer": num_layers}).eval()
     tracker = MemoryTracker("meta")
-    for t in list(net.parameters()) + list(net.buffers()):
-        tracker.register(t)
+    tracker.track_model(net, grad_hooks=False)
     base = tracker.total
     tracker.reset_peak()
     ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")  # (B, T)
