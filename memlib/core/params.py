@@ -148,7 +148,7 @@ def _count_built(cfg: ModelConfig) -> ParamCount:
     tied), MLP (everything else in the layers: experts and routers included). ``per_layer`` is the largest
     layer (DeepSeek's dense first layers are smaller than its MoE layers).
     """
-    from .errors import require_torch
+    from ..measure.deps import require_torch
 
     torch = require_torch(f"counting the parameters of model_type {cfg.model_type!r}")
     from ..measure.trace import _decoder_layers, build_model

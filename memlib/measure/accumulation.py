@@ -18,7 +18,8 @@ from typing import Any
 
 from ..core.accumulation import NORMALIZATIONS, last_group_scale, normalization_error, token_loss_weights
 from ..core.configs import ModelConfig, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
 from .accumulation_ddp import DDP_VARIANTS, DDPCommResult, ddp_allreduce_counts, find_free_port
 
 __all__ = [

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..core.errors import MemlibError, check_positive, require_torch
+from ..core.errors import MemlibError, check_positive
+from .deps import require_torch
 from .procs import join_with_deadline
 
 __all__ = ["DDP_VARIANTS", "DDPCommResult", "find_free_port", "ddp_allreduce_counts"]

@@ -30,7 +30,8 @@ from typing import Any, TypedDict
 from ..core.categories import MemCategory
 from ..core.checkpointing import best_checkpoint_every, largest_batch, segment_layers, segment_peak_bytes
 from ..core.configs import ModelConfig, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
 from .checkpointing_lab import gpu_checkpointing_results, largest_batch_cuda, time_stack, time_step
 from .tracker import MemoryTracker
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..core.checkpointing import largest_batch
 from ..core.configs import load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
 
 __all__ = ["largest_batch_cuda", "time_step", "time_stack", "gpu_checkpointing_results"]
 

@@ -23,9 +23,10 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.flash import (AttentionIO, _first_row, attention_flops, flash_block_sizes, flash_io_bytes,
                           standard_io_bytes)
+from .deps import require_torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -9,9 +9,9 @@ import logging
 from typing import Any
 
 from ..core.dtypes import WEIGHT_FORMATS
-from ..core.errors import require_torch
 from ..core.estimate import estimate_inference
 from ..core.inference import kv_bytes_per_token
+from .deps import require_torch
 
 __all__ = [
     "tiny_llama_config",

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.configs import ModelConfig, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.profiling import MemoryTimeline, downsample_timeline, load_snapshot, snapshot_timeline
+from .deps import require_torch
 from .profiling_gpu import gpu_ops_report, mfu_run, write_gpu_results
 
 __all__ = [

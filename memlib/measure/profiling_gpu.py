@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.configs import load_config
-from ..core.errors import MemlibError, require_torch
+from ..core.errors import MemlibError
 from ..core.profiling import downsample_timeline, snapshot_timeline
+from .deps import require_torch
 
 __all__ = ["gpu_ops_report", "mfu_run", "write_gpu_results"]
 

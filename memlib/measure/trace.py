@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.categories import MemCategory
 from ..core.configs import ModelConfig, check_seq_len, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.tracing import TraceResult
 from ..core.tracing import extrapolate_segments as _extrapolate
+from .deps import require_torch
 from . import tracker as _tracker
 from .tracker import MemoryTracker, _cached_meta_mode
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..core.categories import MemCategory
-from ..core.errors import require_torch
+from .deps import require_torch
 
 __all__ = ["MemoryTracker", "META_CACHE"]
 
