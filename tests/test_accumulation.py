@@ -164,7 +164,9 @@ def test_ddp_run_times_out_instead_of_hanging(monkeypatch, expired_deadline) -> 
     # as TimeoutError and leaves no process behind
     import multiprocessing
 
-    monkeypatch.setattr(acc, "join_with_deadline", expired_deadline)
+    from memlib.measure import accumulation_ddp
+
+    monkeypatch.setattr(accumulation_ddp, "join_with_deadline", expired_deadline)
     with pytest.raises(TimeoutError, match="DDP run did not finish within 5 s"):
         acc.ddp_allreduce_counts(timeout_s=5)
     assert not multiprocessing.active_children()

@@ -176,6 +176,27 @@ def test_bad_input() -> None:
         measure_stack(4, 5)
 
 
+@given(st.integers(1, 200), st.integers(1, 300))
+def test_segment_layers_one_formula_two_policies(L: int, k: int) -> None:
+    # one pure function for the segment arithmetic: Chapter 4's model raises for k > L, the estimator clamps
+    from memlib.core.checkpointing import segment_layers
+
+    kept, live = segment_layers(L, k, clamp=True)
+    assert (kept, live) == (math.ceil(L / min(k, L)), min(k, L))
+    if k > L:
+        with pytest.raises(MemlibError, match=f"checkpoint_every {k} is larger than num_layers {L}"):
+            segment_layers(L, k)
+    else:
+        assert segment_layers(L, k) == (kept, live)
+        assert segment_peak_bytes(L, k, 3, 7) == 3 * kept + 7 * live
+
+
+def test_estimator_clamps_segments_longer_than_the_model() -> None:
+    kw = dict(batch_size=1, seq_len=128, recompute="full")
+    long, whole = (estimate_training("gpt2", checkpoint_every=k, **kw) for k in (100, 12))  # GPT-2: 12 layers
+    assert (long.total_bytes, long.activations_bytes) == (whole.total_bytes, whole.activations_bytes)
+
+
 # ------------------------------------------------------------------------------ estimator agreement
 def _agree(model: dict | str, **kw: object) -> tuple[int, int]:
     kw = {**dict(precision="bf16-mixed", optimizer="adamw", batch_size=4, seq_len=2048), **kw}

@@ -114,7 +114,7 @@ def test_extrapolated_trace_equals_full_trace(model: str, kw: dict) -> None:
 
 def test_extrapolation_refuses_a_non_affine_fit() -> None:
     from memlib.core.categories import MemCategory
-    from memlib.measure.trace import _extrapolate
+    from memlib.core.tracing import extrapolate_segments as _extrapolate
 
     zero = {c: 0 for c in MemCategory}
 
@@ -133,9 +133,10 @@ def test_extrapolation_refuses_a_non_affine_fit() -> None:
 
 def test_meta_op_cache_does_not_change_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     import memlib.measure.trace as tr
+    import memlib.measure.tracker as tracker
 
     kw = dict(batch_size=2, seq_len=64, precision="bf16-mixed", attention="eager", extrapolate=False)
     cached = tr.trace_training("qwen2-0.5b", overrides={"num_hidden_layers": 3}, **kw)
-    monkeypatch.setattr(tr, "META_CACHE", False)
+    monkeypatch.setattr(tracker, "META_CACHE", False)
     plain = tr.trace_training("qwen2-0.5b", overrides={"num_hidden_layers": 3}, **kw)
     assert cached.as_dict() == plain.as_dict()

@@ -1,11 +1,9 @@
 """The one error type memlib raises for bad input (Chapter 1)."""
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Iterable
 
-__all__ = ["MemlibError", "check_choice", "check_positive", "require_torch"]
+__all__ = ["MemlibError", "check_choice", "check_positive"]
 
 
 class MemlibError(ValueError):
@@ -53,17 +51,3 @@ def check_positive(name: str, value: object, *, allow_zero: bool = False) -> int
         bound = "≥ 0" if allow_zero else "≥ 1"
         raise MemlibError(f"{name} must be an integer {bound}, got {value}")
     return value
-
-
-def require_torch(who: str, detail: str = "") -> Any:
-    """Import torch for a measurement module, or raise an ImportError that says what to install.
-
-    Args:
-        who: the module that needs it (``"memlib.measure.trace"``), named in the message.
-        detail: words after "needs PyTorch" (e.g. ``" for this function"``).
-    """
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise ImportError(f"{who} needs PyTorch{detail}: pip install torch") from None
-    return torch

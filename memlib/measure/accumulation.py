@@ -1,31 +1,26 @@
 """Gradient accumulation measured: equivalence, loss normalization, memory, FLOPs, time and DDP ``no_sync`` (Chapter 5).
 
-Two layers. :func:`token_loss_weights`, :func:`normalization_error` and :func:`last_group_scale` are pure
-Python: the weight each token's loss gets in the optimizer step under a given normalization. Everything else
-runs PyTorch (imported lazily, inside the functions): gradients of k micro-batches against one big batch, a
-BatchNorm counter-example, memory traces of an accumulation step (:class:`memlib.measure.trace.MemoryTracker`),
-FLOPs with ``torch.utils.flop_counter.FlopCounterMode``, CPU timings, and a two-process ``gloo`` DDP run that
-counts all-reduce calls and bytes with a communication hook.
+The pure half (:func:`token_loss_weights`, :func:`normalization_error`, :func:`last_group_scale`: the weight
+each token's loss gets in the optimizer step) is :mod:`memlib.core.accumulation`, and the two-process ``gloo``
+DDP run is :mod:`memlib.measure.accumulation_ddp`; both are re-exported here. This module runs PyTorch
+(imported lazily, inside the functions): gradients of k micro-batches against one big batch, a BatchNorm
+counter-example, memory traces of an accumulation step (:class:`memlib.measure.tracker.MemoryTracker`), FLOPs
+with ``torch.utils.flop_counter.FlopCounterMode`` and CPU timings.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..core.categories import MemCategory
+from ..core.accumulation import NORMALIZATIONS, last_group_scale, normalization_error, token_loss_weights
 from ..core.configs import ModelConfig, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
-from .procs import join_with_deadline
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
+from .accumulation_ddp import DDP_VARIANTS, DDPCommResult, ddp_allreduce_counts, find_free_port
 
 __all__ = [
     "NORMALIZATIONS",
@@ -54,89 +49,13 @@ __all__ = [
     "ddp_allreduce_counts",
 ]
 
-#: Loss normalizations for a step of k micro-batches. ``"mean-per-micro-batch"``: each micro-batch's mean token
-#: loss divided by k (the two source notes' loop, and Hugging Face's Trainer before transformers 4.46);
-#: ``"sum-over-step-tokens"``: each micro-batch's summed token loss divided by the token count of the whole step.
-NORMALIZATIONS = ("mean-per-micro-batch", "sum-over-step-tokens")
-
 #: A tiny GPT-2 (about 0.1 M parameters, no dropout) for the exact CPU experiments of Chapter 5.
 TINY_GPT2: dict[str, Any] = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "n_positions": 64,
                              "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
-#: The DDP loops :func:`ddp_allreduce_counts` runs: ``"sync-every-micro-step"`` (the Tips notes' wrong loop),
-#: ``"no_sync"`` (forward and backward of the first k-1 micro-batches inside ``model.no_sync()``, the Tips notes'
-#: right loop) and ``"no_sync-backward-only"`` (forward outside the context, only ``backward()`` inside).
-DDP_VARIANTS = ("sync-every-micro-step", "no_sync", "no_sync-backward-only")
-
 
 def _torch() -> Any:
     return require_torch("memlib.measure.accumulation")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Pure part: which weight each token gets
-# --------------------------------------------------------------------------------------------------------------
-def _check_tokens(tokens_per_micro_batch: Sequence[int]) -> list[int]:
-    if len(tokens_per_micro_batch) == 0:
-        raise MemlibError("tokens_per_micro_batch must list at least one micro-batch, got []")
-    return [check_positive("tokens in a micro-batch", n) for n in tokens_per_micro_batch]
-
-
-def token_loss_weights(tokens_per_micro_batch: Sequence[int], normalization: str) -> list[float]:
-    """Weight of one token's loss in the optimizer step, for each micro-batch. Introduced in Chapter 5.
-
-    One big batch with a mean-reduced loss gives every token the weight 1/N (N = tokens in the whole step).
-    Accumulating k micro-batches with ``loss = mean_over_micro_batch / k`` gives the tokens of micro-batch i
-    the weight 1/(k·n_i): equal to 1/N only when every micro-batch holds the same number of tokens.
-
-    Args:
-        tokens_per_micro_batch: n_i, the loss-bearing tokens (labels not ignored) of each micro-batch.
-        normalization: one of :data:`NORMALIZATIONS`.
-
-    Returns:
-        The weight of each token of micro-batch i, one float per micro-batch.
-    """
-    counts = _check_tokens(tokens_per_micro_batch)
-    check_choice("normalization", normalization, NORMALIZATIONS)
-    k, total = len(counts), sum(counts)
-    if normalization == "mean-per-micro-batch":
-        return [1.0 / (k * n) for n in counts]
-    return [1.0 / total for _ in counts]
-
-
-def normalization_error(tokens_per_micro_batch: Sequence[int]) -> float:
-    """Largest relative error of a token's weight under ``"mean-per-micro-batch"``. Introduced in Chapter 5.
-
-    Args:
-        tokens_per_micro_batch: n_i, the loss-bearing tokens of each micro-batch.
-
-    Returns:
-        max_i |N/(k·n_i) − 1|: 0 when all micro-batches hold the same number of tokens; 1.0 means some token
-        counts twice as much as it should.
-    """
-    counts = _check_tokens(tokens_per_micro_batch)
-    k, total = len(counts), sum(counts)
-    return max(abs(total / (k * n) - 1.0) for n in counts)
-
-
-def last_group_scale(num_micro_batches: int, accumulation_steps: int) -> float:
-    """Gradient scale of the last optimizer step of an epoch in the Strategies notes' loop. Introduced in Chapter 5.
-
-    The loop divides every micro-batch loss by k and also steps on the last batch of the epoch. If the epoch
-    holds ``num_micro_batches`` = q·k + r micro-batches with 0 < r < k, the last step sums r losses each divided
-    by k: its gradient is r/k of the average it should be (with SGD, a learning rate r/k times too small).
-
-    Args:
-        num_micro_batches: micro-batches in the epoch (``len(data_loader)``).
-        accumulation_steps: k.
-
-    Returns:
-        r/k for a partial last group, 1.0 when k divides the epoch.
-    """
-    n = check_positive("num_micro_batches", num_micro_batches)
-    k = check_positive("accumulation_steps", accumulation_steps)
-    r = n % k
-    return 1.0 if r == 0 else r / k
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -234,31 +153,6 @@ class FlopsResult:
     big_batch: int
     accumulate_adds: int
     num_params: int
-
-
-@dataclass(frozen=True)
-class DDPCommResult:
-    """All-reduce traffic of DDP per optimizer step, per loop variant. Introduced in Chapter 5.
-
-    Attributes:
-        world_size: processes.
-        accumulation_steps: k.
-        param_bytes: bytes of the gradients (= parameters, fp32) of the model.
-        calls: all-reduce calls (DDP buckets sent) per optimizer step, per variant of :data:`DDP_VARIANTS`.
-        bytes: payload bytes all-reduced per optimizer step, per variant.
-        max_param_diff: max |parameter after the steps − the ``"sync-every-micro-step"`` run's|, per variant.
-        max_rank_diff: max |rank 1's parameters − rank 0's| after the steps, over all variants.
-        steps: optimizer steps run per variant (the counts are those of the last, steady-state step).
-    """
-
-    world_size: int
-    accumulation_steps: int
-    param_bytes: int
-    calls: dict[str, int]
-    bytes: dict[str, int]
-    max_param_diff: dict[str, float]
-    max_rank_diff: float
-    steps: int
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -550,7 +444,8 @@ def trace_accumulation(model: str | Path | dict[str, Any] | ModelConfig, *, micr
         Counts tensor storages only (no allocator rounding, CUDA context or workspaces).
     """
     torch = _torch()
-    from .trace import MemoryTracker, _make_optimizer, _patched, build_model
+    from .trace import _make_optimizer, _patched, build_model
+    from .tracker import MemoryTracker
 
     cfg = load_config(model)
     b = check_positive("micro_batch_size", micro_batch_size)
@@ -563,13 +458,8 @@ def trace_accumulation(model: str | Path | dict[str, Any] | ModelConfig, *, micr
     tracker = MemoryTracker(device)
     net = build_model(cfg, device=device, dtype=precision, attention="sdpa", overrides=overrides)
     params = [p for p in net.parameters() if p.requires_grad]
-    for p in params:
-        tracker.register(p, MemCategory.PARAM)
-    for buf in net.buffers():
-        tracker.register(buf, MemCategory.BUFFER)
+    tracker.track_model(net)
     opt = _make_optimizer(optimizer, params)
-    for p in params:
-        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
     vocab = int(net.config.vocab_size)
     for p in params:  # warm-up: create the optimizer states as a first step would
         p.grad = torch.zeros_like(p)
@@ -577,31 +467,23 @@ def trace_accumulation(model: str | Path | dict[str, Any] | ModelConfig, *, micr
     opt.zero_grad(set_to_none=set_to_none)
     peak_micro = {"step": 0}
     with _patched(True), tracker.mode():
-        for state in opt.state.values():
-            for name, value in state.items():
-                if name == "step":
-                    tracker.forget(value)
-                else:
-                    tracker.reclassify(value, MemCategory.OPTIMIZER)
-        for p in params:  # zero-filled gradients kept by set_to_none=False
-            if p.grad is not None:
-                tracker.reclassify(p.grad, MemCategory.GRAD)
+        tracker.track_optimizer(opt)  # states, and the zero-filled gradients kept by set_to_none=False
         tracker.reset_peak()
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         for i in range(k):
             before = tracker.peak
-            with tracker.phase_of("forward", MemCategory.ACTIVATION):
+            with tracker.forward():
                 x = torch.randint(0, vocab, (b, seq_len), device=device)  # (b, T): one micro-batch at a time
                 loss = net(input_ids=x, labels=x).loss / k
-            with tracker.phase_of("backward", MemCategory.TEMP):
+            with tracker.backward():
                 loss.backward()
                 del loss, x
             if tracker.peak > before:
                 peak_micro["step"] = i
         before = tracker.peak
-        with tracker.phase_of("optimizer", MemCategory.TEMP):
+        with tracker.optimizer_step():
             opt.step()
             opt.zero_grad(set_to_none=set_to_none)
         if tracker.peak > before:
@@ -614,8 +496,7 @@ def trace_accumulation(model: str | Path | dict[str, Any] | ModelConfig, *, micr
         settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
         settings["cuda_device_name"] = torch.cuda.get_device_name()
         settings["torch_version"] = torch.__version__
-    return AccumulationTrace(peak_bytes=tracker.peak,
-                             by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
+    return AccumulationTrace(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
                              peak_phase=tracker.peak_phase, peak_micro_step=peak_micro["step"], settings=settings)
 
 
@@ -730,152 +611,3 @@ def time_accumulation(micro_batch_sizes: Sequence[int] = (1, 2, 4, 8), *, effect
                 times.append(time.perf_counter() - start)
         out[b] = statistics.median(times)
     return out
-
-
-# --------------------------------------------------------------------------------------------------------------
-# DDP with gloo: all-reduce calls and bytes, with and without no_sync
-# --------------------------------------------------------------------------------------------------------------
-def find_free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0). Introduced in Chapter 5."""
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ddp_mlp() -> Any:
-    torch = _torch()
-    torch.manual_seed(0)
-    # 4 Linear layers, 53,697 parameters (214,788 bytes of fp32 gradients).
-    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128), torch.nn.ReLU(),
-                               torch.nn.Linear(128, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-
-
-def _ddp_worker(rank: int, world_size: int, port: int, k: int, steps: int, bucket_cap_mb: float,
-                out_dir: str, timeout_s: float) -> None:
-    """One DDP rank: run each loop of :data:`DDP_VARIANTS`, count all-reduces with a comm hook, save results."""
-    torch = _torch()
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
-    try:
-        results: dict[str, Any] = {}
-        for variant in DDP_VARIANTS:
-            model = DDP(_ddp_mlp(), bucket_cap_mb=bucket_cap_mb)
-            counter = {"calls": 0, "bytes": 0}
-
-            def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
-                buf = bucket.buffer()                      # the flattened gradients of one bucket
-                state["calls"] += 1
-                state["bytes"] += buf.numel() * buf.element_size()
-                return default_hooks.allreduce_hook(None, bucket)   # all_reduce(buf / world_size)
-
-            model.register_comm_hook(counter, hook)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            gen = torch.Generator().manual_seed(100 + rank)         # each rank sees its own data
-            loader = [(torch.randn(8, 64, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(k * steps)]
-            per_step = []
-            for i, (x, y) in enumerate(loader):
-                last = (i + 1) % k == 0
-                if variant == "sync-every-micro-step":        # the Tips notes' wrong loop: all-reduce every backward
-                    loss = torch.nn.functional.mse_loss(model(x), y) / k
-                    loss.backward()
-                elif variant == "no_sync":                    # the Tips notes' right loop: forward and backward inside
-                    ctx = contextlib.nullcontext() if last else model.no_sync()
-                    with ctx:
-                        loss = torch.nn.functional.mse_loss(model(x), y) / k
-                        loss.backward()
-                else:                                         # forward outside, only backward inside no_sync
-                    loss = torch.nn.functional.mse_loss(model(x), y) / k
-                    ctx = contextlib.nullcontext() if last else model.no_sync()
-                    with ctx:
-                        loss.backward()
-                if last:
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    per_step.append(dict(counter))
-                    counter["calls"], counter["bytes"] = 0, 0
-            params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            results[variant] = {"per_step": per_step, "params": params.clone()}
-            del model
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_ddp(mp: Any, world_size: int, k: int, steps: int, bucket_cap_mb: float, timeout_s: float) -> list[Any]:
-    """Spawn the ranks, wait with a deadline, kill leftovers, and load each rank's results."""
-    torch = _torch()
-    with tempfile.TemporaryDirectory(prefix="memlib_ddp_") as out_dir:
-        for attempt in range(3):  # the free port can be taken between the probe and the bind: retry
-            port = find_free_port()
-            ctx = mp.start_processes(_ddp_worker, args=(world_size, port, k, steps, bucket_cap_mb, out_dir, timeout_s),
-                                     nprocs=world_size, join=False, start_method="spawn")
-            try:
-                join_with_deadline(ctx, timeout_s, "DDP run")
-                break
-            except mp.ProcessRaisedException as err:
-                if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
-                    if attempt < 2:
-                        continue
-                raise
-        ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world_size)]
-    return ranks
-
-
-def ddp_allreduce_counts(*, accumulation_steps: int = 4, steps: int = 2, world_size: int = 2,
-                         bucket_cap_mb: float = 0.1, timeout_s: float = 60.0) -> DDPCommResult:
-    """Run DDP on ``world_size`` CPU processes (gloo) and count all-reduces per optimizer step. Introduced in Chapter 5.
-
-    Each process runs the three loops of :data:`DDP_VARIANTS` on a 4-layer MLP (53,697 parameters) with an
-    SGD step every k micro-batches, and a communication hook (``DDP.register_comm_hook``) that counts the
-    buckets DDP all-reduces and their bytes before handing them to PyTorch's default all-reduce hook. Processes
-    are spawned (``torch.multiprocessing``) with ``MASTER_ADDR=127.0.0.1`` and a free port; the gloo timeout and
-    an overall deadline stop the run if a process fails or hangs.
-
-    Args:
-        accumulation_steps: k.
-        steps: optimizer steps per loop (the counts returned are the last step's: DDP rebuilds its buckets
-            after the first iteration).
-        world_size: processes.
-        bucket_cap_mb: DDP's bucket size in MB (small here so that the small model fills several buckets).
-        timeout_s: deadline for the whole run, in seconds.
-
-    Returns:
-        Calls and bytes per optimizer step per variant, and parameter agreement.
-
-    Raises:
-        TimeoutError: the processes did not finish within ``timeout_s`` (they are killed).
-        torch.multiprocessing.ProcessRaisedException: a process raised (the others are terminated).
-    """
-    _torch()  # a clear ImportError without PyTorch
-    import torch.multiprocessing as mp
-
-    k = check_positive("accumulation_steps", accumulation_steps)
-    steps = check_positive("steps", steps)
-    world_size = check_positive("world_size", world_size)
-    if world_size < 2:
-        raise MemlibError(f"world_size must be ≥ 2 for data parallelism, got {world_size}")
-    # gloo picks its network interface from the hostname, which in containers may not resolve to a reachable
-    # address; on Linux point it at the loopback device for the children (restored afterwards).
-    saved_ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-    if saved_ifname is None and sys.platform.startswith("linux"):
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    try:
-        ranks = _run_ddp(mp, world_size, k, steps, bucket_cap_mb, timeout_s)
-    finally:
-        if saved_ifname is None:
-            os.environ.pop("GLOO_SOCKET_IFNAME", None)
-    base = ranks[0]["sync-every-micro-step"]["params"]
-    last = {v: ranks[0][v]["per_step"][-1] for v in DDP_VARIANTS}
-    rank_diff = max(float((rk[v]["params"] - ranks[0][v]["params"]).abs().max()) for rk in ranks for v in DDP_VARIANTS)
-    return DDPCommResult(world_size=world_size, accumulation_steps=k, param_bytes=int(base.numel()) * 4,
-                         calls={v: int(last[v]["calls"]) for v in DDP_VARIANTS},
-                         bytes={v: int(last[v]["bytes"]) for v in DDP_VARIANTS},
-                         max_param_diff={v: float((ranks[0][v]["params"] - base).abs().max()) for v in DDP_VARIANTS},
-                         max_rank_diff=rank_diff, steps=steps)

@@ -2,7 +2,7 @@
 
 Measurement module: it runs real PyTorch (imported lazily inside the functions) on the ``meta`` device, where
 7B-size shapes cost no memory, or on real CPU/CUDA tensors. Every memory number comes from
-:class:`memlib.measure.trace.MemoryTracker`, every FLOP count from ``torch.utils.flop_counter.FlopCounterMode``.
+:class:`memlib.measure.tracker.MemoryTracker`, every FLOP count from ``torch.utils.flop_counter.FlopCounterMode``.
 
 Recomputation modes (``recompute=``):
 
@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from ..core.categories import MemCategory
+from ..core.checkpointing import best_checkpoint_every, largest_batch, segment_layers, segment_peak_bytes
 from ..core.configs import ModelConfig, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
-from ..core.search import bisect_last
-from .trace import MemoryTracker
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
+from .checkpointing_lab import gpu_checkpointing_results, largest_batch_cuda, time_stack, time_step
+from .tracker import MemoryTracker
 
 __all__ = [
     "RECOMPUTE_MODES",
@@ -65,39 +65,6 @@ ModelLike = str | Path | dict[str, Any] | ModelConfig
 
 def _torch() -> Any:
     return require_torch("memlib.measure.checkpointing")
-
-
-# ----------------------------------------------------------------------------------------------- pure model
-def segment_peak_bytes(num_layers: int, checkpoint_every: int, input_bytes: int, layer_bytes: int) -> int:
-    """Chen et al. (2016)'s cost model of checkpointing a chain in segments of k layers.
-
-    Introduced in Chapter 4. The forward pass keeps the input of each of the ⌈L/k⌉ segments; the backward pass
-    re-materializes one segment (k layers' saved tensors) at a time: ``⌈L/k⌉·input + k·layer``.
-
-    Args:
-        num_layers: L, layers in the chain.
-        checkpoint_every: k, layers per checkpointed segment (1 ≤ k ≤ L).
-        input_bytes: bytes of one segment input (a layer's input, b·s·h·bytes in a transformer).
-        layer_bytes: bytes one layer saves for backward.
-
-    Returns:
-        Bytes of activations at the backward pass's peak, by the model (temporaries not included).
-    """
-    n = check_positive("num_layers", num_layers)
-    k = check_positive("checkpoint_every", checkpoint_every)
-    if k > n:
-        raise MemlibError(f"checkpoint_every {k} is larger than num_layers {n}; expected 1 ≤ checkpoint_every ≤ {n}")
-    return -(-n // k) * int(input_bytes) + k * int(layer_bytes)
-
-
-def best_checkpoint_every(num_layers: int, input_bytes: int, layer_bytes: int) -> int:
-    """The k that minimizes :func:`segment_peak_bytes` (the smallest such k). Introduced in Chapter 4.
-
-    The continuous optimum of (L/k)·I + k·P is k* = √(L·I/P): √L layers per segment when a layer saves about as
-    much as its input (Chen et al. 2016's chain), but k = 1 for a transformer, whose layer saves ~20× its input.
-    """
-    n = check_positive("num_layers", num_layers)
-    return min(range(1, n + 1), key=lambda k: (segment_peak_bytes(n, k, input_bytes, layer_bytes), k))
 
 
 # ------------------------------------------------------------------------------------------ model surgery
@@ -167,9 +134,7 @@ def apply_checkpointing(net: Any, *, recompute: str = "full", checkpoint_every: 
     check_choice("recompute", recompute, RECOMPUTE_MODES)
     layers = decoder_layers(net)
     n = len(layers)
-    k = check_positive("checkpoint_every", checkpoint_every)
-    if k > n:
-        raise MemlibError(f"checkpoint_every {k} is larger than num_layers {n}; expected 1 ≤ checkpoint_every ≤ {n}")
+    _, k = segment_layers(n, checkpoint_every)
     if recompute in ("none", "selective"):
         return net
     context_fn = (functools.partial(create_selective_checkpoint_contexts, _sac_policy) if recompute == "sac"
@@ -262,23 +227,6 @@ class RecomputeMeasurement:
         return asdict(self)
 
 
-class _ActivationTracker(MemoryTracker):
-    """A :class:`memlib.measure.trace.MemoryTracker` that also records the peak of non-state bytes.
-
-    Attributes:
-        act_peak: peak of the live bytes that are not parameters, gradients, buffers or optimizer states.
-    """
-
-    act_peak = 0
-
-    def register(self, t: Any, category: MemCategory | None = None) -> None:
-        """Count ``t`` as :meth:`memlib.measure.trace.MemoryTracker.register` does, then update ``act_peak``."""
-        super().register(t, category)
-        states = (self.totals[MemCategory.PARAM] + self.totals[MemCategory.GRAD]
-                  + self.totals[MemCategory.BUFFER] + self.totals[MemCategory.OPTIMIZER])
-        self.act_peak = max(self.act_peak, self.total - states)
-
-
 def _model_dtype(precision: str) -> str:
     check_choice("precision", precision, ("fp32", "bf16", "fp16"))
     return precision
@@ -355,20 +303,15 @@ def measure_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 5
             return RecomputeMeasurement(settings=settings, **out)
     cfg, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, recompute, checkpoint_every,
                                    device, overrides, seed)
-    tracker = _ActivationTracker(device)
-    for p in net.parameters():
-        tracker.register(p, MemCategory.PARAM)
-        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
-    for b in net.buffers():
-        tracker.register(b, MemCategory.BUFFER)
-    tracker.register(input_ids, MemCategory.ACTIVATION)
-    params = tracker.totals[MemCategory.PARAM]
+    tracker = MemoryTracker(device, activation_peak=True)
+    params = tracker.track_model(net)
+    tracker.track_inputs(input_ids)
     with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core), tracker.mode():
         tracker.reset_peak()
-        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+        with tracker.forward():
             loss = net(input_ids=input_ids, labels=input_ids).loss
         saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
-        with tracker.phase_of("backward", MemCategory.TEMP):
+        with tracker.backward():
             loss.backward()
             del loss
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
@@ -474,25 +417,19 @@ def measure_stack(num_layers: int, checkpoint_every: int | None, *, width: int =
     torch = _torch()
     n = check_positive("num_layers", num_layers)
     if checkpoint_every is not None:
-        k = check_positive("checkpoint_every", checkpoint_every)
-        if k > n:
-            raise MemlibError(f"checkpoint_every {k} is larger than num_layers {n}; "
-                              f"expected 1 ≤ checkpoint_every ≤ {n}")
+        segment_layers(n, checkpoint_every)  # 1 ≤ k ≤ L
     torch.manual_seed(seed)
     net = _stack(n, width, device, torch.float32)
     x = torch.randn(batch_size, width, device=device)  # (B, C)
-    tracker = _ActivationTracker(device)
-    for p in net.parameters():
-        tracker.register(p, MemCategory.PARAM)
-        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
-    tracker.register(x, MemCategory.ACTIVATION)
-    params = tracker.totals[MemCategory.PARAM]
+    tracker = MemoryTracker(device, activation_peak=True)
+    params = tracker.track_model(net)
+    tracker.track_inputs(x)
     with tracker.mode():
         tracker.reset_peak()
-        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+        with tracker.forward():
             loss = _run_stack(net, x, checkpoint_every).square().sum()
         saved = tracker.total - params
-        with tracker.phase_of("backward", MemCategory.TEMP):
+        with tracker.backward():
             loss.backward()
             del loss
     settings = {"num_layers": n, "checkpoint_every": checkpoint_every, "width": width, "batch_size": batch_size}
@@ -648,16 +585,10 @@ def measure_offload(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
 
     cfg, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, "none", 1, device,
                                    overrides, seed)
-    tracker = _ActivationTracker(device)
-    param_keys = set()
-    for p in net.parameters():
-        tracker.register(p, MemCategory.PARAM)
-        param_keys.add(p.untyped_storage()._cdata)
-        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
-    for b in net.buffers():
-        tracker.register(b, MemCategory.BUFFER)
-    tracker.register(input_ids, MemCategory.ACTIVATION)
-    params = tracker.totals[MemCategory.PARAM]
+    tracker = MemoryTracker(device, activation_peak=True)
+    params = tracker.track_model(net)
+    tracker.track_inputs(input_ids)
+    param_keys = {p.untyped_storage()._cdata for p in net.parameters()}
     moved = {"all": 0, "params": 0}
 
     def pack(t: Any) -> Any:
@@ -680,11 +611,10 @@ def measure_offload(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
 
     with _patched(attention == "sdpa"), tracker.mode():
         tracker.reset_peak()
-        with tracker.phase_of("forward", MemCategory.ACTIVATION):
-            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                loss = net(input_ids=input_ids, labels=input_ids).loss
+        with tracker.forward(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            loss = net(input_ids=input_ids, labels=input_ids).loss
         saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
-        with tracker.phase_of("backward", MemCategory.TEMP):
+        with tracker.backward():
             loss.backward()
             del loss
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
@@ -692,201 +622,3 @@ def measure_offload(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
                 "overrides": dict(overrides or {})}
     mem = RecomputeMeasurement(int(saved), int(tracker.act_peak), int(tracker.peak), int(params), settings)
     return OffloadMeasurement(mem, int(moved["all"]), int(moved["params"]))
-
-
-# ---------------------------------------------------------------------------------------- largest batch
-def largest_batch(fits: Callable[[int], bool], *, max_batch: int = 1 << 16, guess: int | None = None) -> int:
-    """The largest batch size b ≤ ``max_batch`` with ``fits(b)``, by galloping then bisection.
-
-    Introduced in Chapter 4's lab. Assumes ``fits`` is monotone (true up to some b, false after). Without a
-    guess the search doubles from 1; with one (e.g. the estimator's prediction) it gallops up or down from the
-    guess, so a good guess costs two calls. O(log b) calls either way. Returns 0 if batch 1 does not fit.
-
-    Args:
-        fits: predicate, e.g. ``lambda b: trace_recompute(..., batch_size=b).peak_bytes <= budget`` or a GPU
-            step that catches ``torch.cuda.OutOfMemoryError``.
-        max_batch: upper bound to search.
-        guess: where to start.
-    """
-    hi_limit = check_positive("max_batch", max_batch)
-    if guess is None:
-        if not fits(1):
-            return 0
-        lo, step = 1, 1
-    else:
-        g = min(max(int(guess), 1), hi_limit)
-        if fits(g):
-            lo, step = g, 1
-        else:
-            hi, step = g, 1
-            while True:  # gallop down: fits(hi) is False
-                nxt = hi - step
-                if nxt < 1:
-                    lo = 0
-                    break
-                if fits(nxt):
-                    lo = nxt
-                    break
-                hi, step = nxt, step * 2
-            return _bisect(fits, lo, hi)
-    while True:  # gallop up: fits(lo) is True
-        nxt = lo + step
-        if nxt > hi_limit:
-            hi = hi_limit + 1
-            break
-        if not fits(nxt):
-            hi = nxt
-            break
-        lo, step = nxt, step * 2
-    return _bisect(fits, lo, hi)
-
-
-_bisect = bisect_last  # largest b in [lo, hi) with fits(b), given fits(lo) and not fits(hi)
-
-
-def _cuda_step_fits(model: ModelLike, batch_size: int, seq_len: int, recompute: str, checkpoint_every: int,
-                    overrides: dict[str, Any] | None, state: dict[str, Any]) -> bool:
-    torch = _torch()
-    from .trace import build_model
-
-    if "net" not in state:
-        net = build_model(model, device="cuda", dtype="bf16", attention="sdpa", overrides=overrides)
-        apply_checkpointing(net, recompute=recompute, checkpoint_every=checkpoint_every)
-        state["net"] = net
-        state["opt"] = torch.optim.AdamW(net.parameters(), lr=1e-5, foreach=True)
-    net, opt = state["net"], state["opt"]
-    ids = None
-    try:
-        ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device="cuda")
-        with _maybe(recompute == "selective", selective_attention_core):
-            for _ in range(2):  # the second step runs with the optimizer states in place
-                loss = net(input_ids=ids, labels=ids).loss
-                loss.backward()
-                del loss
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return True
-    except torch.cuda.OutOfMemoryError:
-        return False
-    finally:
-        del ids
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
-
-
-def largest_batch_cuda(model: ModelLike, *, seq_len: int = 1024, recompute: str = "none",
-                       checkpoint_every: int = 1, overrides: dict[str, Any] | None = None,
-                       max_batch: int = 1024) -> int:
-    """The largest batch that trains (two bf16 AdamW steps) on the current GPU without running out of memory.
-
-    Introduced in Chapter 4's lab. Binary search on real steps, catching ``torch.cuda.OutOfMemoryError``;
-    needs CUDA. Weights are bf16 with ``torch.optim.AdamW`` states in bf16 (``precision="bf16"`` in the
-    estimator).
-    """
-    torch = _torch()
-    if not torch.cuda.is_available():
-        raise MemlibError("largest_batch_cuda needs a CUDA GPU; torch.cuda.is_available() is False")
-    check_choice("recompute", recompute, RECOMPUTE_MODES)
-    state: dict[str, Any] = {}
-    try:
-        return largest_batch(lambda b: _cuda_step_fits(model, b, seq_len, recompute, checkpoint_every, overrides,
-                                                       state), max_batch=max_batch)
-    finally:
-        state.clear()
-        torch.cuda.empty_cache()
-
-
-# -------------------------------------------------------------------------------------------------- time
-def time_step(model: ModelLike, *, batch_size: int = 1, seq_len: int = 128, precision: str = "fp32",
-              attention: str = "sdpa", recompute: str = "none", checkpoint_every: int = 1,
-              overrides: dict[str, Any] | None = None, device: str = "cpu", repeats: int = 3) -> float:
-    """Median wall-clock seconds of a forward + backward pass on real tensors. Introduced in Chapter 4.
-
-    Timings are noisy (shared CPUs); compare ratios measured in one run, not absolute seconds.
-    """
-    torch = _torch()
-    from .trace import _patched
-
-    check_choice("device", device, ("cpu", "cuda"))
-    _, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, recompute, checkpoint_every,
-                                 device, overrides, 0)
-    times = []
-    with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core):
-        for i in range(repeats + 1):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = net(input_ids=input_ids, labels=input_ids).loss
-            loss.backward()
-            net.zero_grad(set_to_none=True)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if i:  # the first run warms up
-                times.append(time.perf_counter() - t0)
-    return float(statistics.median(times))
-
-
-def time_stack(num_layers: int, checkpoint_every: int | None, *, width: int = 256, batch_size: int = 1024,
-               device: str = "cpu", repeats: int = 3, seed: int = 0) -> float:
-    """Median seconds of forward + backward of :func:`measure_stack`'s chain on real tensors. Chapter 4's lab.
-
-    Timings are noisy (shared CPUs); compare ratios measured in one run, not absolute seconds.
-    """
-    torch = _torch()
-    check_choice("device", device, ("cpu", "cuda"))
-    n = check_positive("num_layers", num_layers)
-    torch.manual_seed(seed)
-    net = _stack(n, width, device, torch.float32)
-    x = torch.randn(batch_size, width, device=device)
-    times = []
-    for i in range(check_positive("repeats", repeats) + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        _run_stack(net, x, checkpoint_every).square().sum().backward()
-        net.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:  # the first run warms up
-            times.append(time.perf_counter() - t0)
-    return float(statistics.median(times))
-
-
-def gpu_checkpointing_results(model: ModelLike = "gpt2-medium", *, seq_len: int = 1024,
-                              max_batch: int = 512) -> dict[str, Any]:
-    """Chapter 4 lab's GPU run: largest batch with and without recomputation, measured and predicted.
-
-    Introduced in Chapter 4's lab. For each of ``none``, ``selective``, ``full``: the largest batch that trains
-    on this GPU (binary search catching ``torch.cuda.OutOfMemoryError``), the largest batch whose traced step
-    fits in the GPU's total memory, and step times at a fixed batch. Returns a JSON-ready dict with the device
-    name, torch version and date; the lab writes it to ``labs/results/checkpointing.json``.
-    """
-    torch = _torch()
-    import datetime
-
-    if not torch.cuda.is_available():
-        raise MemlibError("gpu_checkpointing_results needs a CUDA GPU; torch.cuda.is_available() is False")
-    total = int(torch.cuda.get_device_properties(0).total_memory)
-    free, _ = torch.cuda.mem_get_info()
-    rows = []
-    for recompute in ("none", "selective", "full"):
-        measured = largest_batch_cuda(model, seq_len=seq_len, recompute=recompute, max_batch=max_batch)
-        budget = int(free)
-        traced = largest_batch(lambda b: trace_recompute(model, batch_size=b, seq_len=seq_len, precision="bf16",
-                                                         recompute=recompute).peak_bytes <= budget,
-                               max_batch=max_batch, guess=measured)
-        step_s = time_step(model, batch_size=max(1, min(measured, 8)), seq_len=seq_len, precision="bf16",
-                           recompute=recompute, device="cuda")
-        rows.append({"recompute": recompute, "largest_batch_measured": measured,
-                     "largest_batch_traced": traced, "step_time_s": step_s,
-                     "step_time_batch": max(1, min(measured, 8))})
-    chain = []
-    for k in (None, 1, 2, 4, 8, 16, 32, 64):
-        m = measure_stack(64, k, width=1024, batch_size=8192, device="meta")
-        chain.append({"checkpoint_every": k, "activation_peak_bytes": m.activation_peak_bytes,
-                      "step_time_s": time_stack(64, k, width=1024, batch_size=8192, device="cuda", repeats=5)})
-    return {"model": load_config(model).name, "seq_len": seq_len, "device": torch.cuda.get_device_name(),
-            "chain_64_layers": chain,
-            "total_memory_bytes": total, "free_memory_bytes": int(free), "torch": torch.__version__,
-            "date": datetime.date.today().isoformat(), "rows": rows}

@@ -28,7 +28,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
 from .procs import join_gloo_group, join_with_deadline
 
 __all__ = [

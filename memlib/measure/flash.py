@@ -8,11 +8,12 @@ Three layers live here, all introduced in Chapter 10:
   log-sum-exp; :func:`flash_attention_backward` recomputes the probabilities block by block from that
   log-sum-exp; :data:`FlashAttentionFn` wraps both as a ``torch.autograd.Function`` that saves only
   ``q, k, v, out, lse``.
-* **IO accounting** (pure Python, no torch): :func:`flash_io_bytes` and :func:`standard_io_bytes` count the HBM
-  bytes read and written by Algorithm 1 and Algorithm 0 of the FlashAttention paper; :func:`flash_forward_counted`
+* **IO accounting**: the pure half, :func:`flash_io_bytes` and :func:`standard_io_bytes` (HBM bytes read and
+  written by Algorithm 1 and Algorithm 0 of the FlashAttention paper), lives in :mod:`memlib.core.flash` and is
+  re-exported here; :func:`flash_forward_counted`
   and :func:`standard_forward_counted` run those algorithms on real tensors and count every load and store.
 * **Memory measurement**: :func:`attention_peak_bytes` traces one forward + backward with
-  :class:`memlib.measure.trace.MemoryTracker` on the meta device (no memory used), on CPU or on CUDA.
+  :class:`memlib.measure.tracker.MemoryTracker` on the meta device (no memory used), on CPU or on CUDA.
 
 ``import memlib`` does not import this module; importing it does not import torch.
 """
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..core.categories import MemCategory
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from ..core.flash import (AttentionIO, _first_row, attention_flops, flash_block_sizes, flash_io_bytes,
+                          standard_io_bytes)
+from .deps import require_torch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -114,11 +116,6 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         s = s.masked_fill(mask, float("-inf"))
     p = torch.softmax(s, dim=-1)  # (B, H, N, N) probabilities
     return p @ v  # (B, H, N, d)
-
-
-def _first_row(j0: int, block_q: int, causal: bool) -> int:
-    """First query row whose tile sees key column ``j0``: tiles above the diagonal are skipped when causal."""
-    return (j0 // block_q) * block_q if causal else 0
 
 
 def _causal_mask(r0: int, n: int, j0: int, j1: int, device: Any) -> torch.Tensor:
@@ -301,117 +298,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return _flash_fn_class().apply(q, k, v, causal, block_q, block_k, scale)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# IO accounting (pure Python)
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttentionIO:
-    """HBM traffic of one attention forward pass. Introduced in Chapter 10.
-
-    Attributes:
-        read_bytes: bytes loaded from HBM.
-        write_bytes: bytes stored to HBM.
-        block_rows: query tile size B_r (0 for standard attention, which does not tile).
-        block_cols: key/value tile size B_c (0 for standard attention).
-    """
-
-    read_bytes: int
-    write_bytes: int
-    block_rows: int = 0
-    block_cols: int = 0
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes read plus bytes written."""
-        return self.read_bytes + self.write_bytes
-
-
-def flash_block_sizes(sram_elems: int, head_dim: int) -> tuple[int, int]:
-    """Tile sizes of Algorithm 1 of the FlashAttention paper for an SRAM of ``sram_elems`` elements.
-
-    Introduced in Chapter 10. B_c = ⌈M / 4d⌉ (a K and a V tile fill half of the SRAM), B_r = min(B_c, d).
-
-    Args:
-        sram_elems: on-chip memory M, in elements.
-        head_dim: head dimension d.
-
-    Returns:
-        ``(block_rows, block_cols)`` = (B_r, B_c).
-    """
-    m = check_positive("sram_elems", sram_elems)
-    d = check_positive("head_dim", head_dim)
-    b_c = -(-m // (4 * d))
-    return min(b_c, d), b_c
-
-
-def _visited_rows(seq_len: int, block_rows: int, block_cols: int, causal: bool) -> list[int]:
-    """Query rows each key/value tile visits in Algorithm 1 (fully masked causal tiles skipped)."""
-    return [seq_len - _first_row(j0, block_rows, causal) for j0 in range(0, seq_len, block_cols)]
-
-
-def flash_io_bytes(seq_len: int, head_dim: int, sram_elems: int, dtype_bytes: int = 2, stats_bytes: int = 4,
-                   causal: bool = False, batch_size: int = 1, num_heads: int = 1) -> AttentionIO:
-    """HBM bytes read and written by Algorithm 1 of the FlashAttention paper (forward pass).
-
-    Introduced in Chapter 10. Algorithm 1 initializes O, ℓ, m in HBM (writes Nd + 2N elements); for each of the
-    T_c = ⌈N/B_c⌉ key/value tiles it loads K_j and V_j once, and for every query tile it loads Q_i, O_i, ℓ_i, m_i
-    and stores O_i, ℓ_i, m_i. Non-causal total: 2Nd + T_c(3Nd + 4N) elements + the initialization, i.e.
-    ≈ 12 N² d² / M for large N: Θ(N² d² M⁻¹) (Theorem 2). With ``causal``, fully masked tiles are skipped.
-    Exactly what :func:`flash_forward_counted` counts.
-
-    Args:
-        seq_len: N.
-        head_dim: d.
-        sram_elems: SRAM size M in elements; sets the tile sizes (:func:`flash_block_sizes`).
-        dtype_bytes: bytes per element of Q, K, V, O (2 for fp16/bf16).
-        stats_bytes: bytes per element of the row statistics ℓ and m (4: kernels keep them in fp32).
-        causal: skip fully masked tiles.
-        batch_size: B; the count is per (batch, head) times B·H.
-        num_heads: H.
-
-    Returns:
-        The bytes read and written and the tile sizes.
-    """
-    n = check_positive("seq_len", seq_len)
-    d = check_positive("head_dim", head_dim)
-    heads = check_positive("batch_size", batch_size) * check_positive("num_heads", num_heads)
-    b_r, b_c = flash_block_sizes(sram_elems, d)
-    db, sb = check_positive("dtype_bytes", dtype_bytes), check_positive("stats_bytes", stats_bytes)
-    rows = _visited_rows(n, b_r, b_c, causal)
-    reads = 2 * n * d * db + sum(r * (2 * d * db + 2 * sb) for r in rows)  # K, V once; Q_i, O_i, ℓ_i, m_i
-    writes = n * d * db + 2 * n * sb + sum(r * (d * db + 2 * sb) for r in rows)  # init; O_i, ℓ_i, m_i
-    return AttentionIO(read_bytes=heads * reads, write_bytes=heads * writes, block_rows=b_r, block_cols=b_c)
-
-
-def standard_io_bytes(seq_len: int, head_dim: int, dtype_bytes: int = 2, batch_size: int = 1,
-                      num_heads: int = 1) -> AttentionIO:
-    """HBM bytes read and written by standard attention (Algorithm 0 of the FlashAttention paper).
-
-    Introduced in Chapter 10. S = QKᵀ (read Q, K; write S), P = softmax(S) (read S; write P), O = PV (read P, V;
-    write O): reads 3Nd + 2N², writes Nd + 2N² elements: Θ(Nd + N²). A causal mask applied with the softmax
-    changes nothing: the full S and P still go through HBM.
-
-    Args:
-        seq_len: N.
-        head_dim: d.
-        dtype_bytes: bytes per element (2 for fp16/bf16).
-        batch_size: B.
-        num_heads: H.
-
-    Returns:
-        The bytes read and written.
-    """
-    n = check_positive("seq_len", seq_len)
-    d = check_positive("head_dim", head_dim)
-    heads = check_positive("batch_size", batch_size) * check_positive("num_heads", num_heads)
-    db = check_positive("dtype_bytes", dtype_bytes)
-    reads = (3 * n * d + 2 * n * n) * db
-    writes = (n * d + 2 * n * n) * db
-    return AttentionIO(read_bytes=heads * reads, write_bytes=heads * writes)
-
-
 class _HBM:
     """Counts the bytes moved between "HBM" (full tensors) and "SRAM" (tile copies)."""
 
@@ -524,32 +410,6 @@ def standard_forward_counted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return o, AttentionIO(read_bytes=hbm.read, write_bytes=hbm.written)
 
 
-def attention_flops(seq_len: int, head_dim: int, num_heads: int = 1, batch_size: int = 1, causal: bool = False,
-                    backward: bool = False) -> float:
-    """Matmul FLOPs of attention as the FlashAttention benchmarks count them.
-
-    Introduced in Chapter 10. Forward: 4·N²·d·H·B (two N×N×d matmuls), halved if causal. Backward: 2.5× the
-    forward (five matmuls instead of two; the recomputation of S is not counted as useful work).
-
-    Args:
-        seq_len: N.
-        head_dim: d.
-        num_heads: H.
-        batch_size: B.
-        causal: halve the count (half of the score matrix is masked).
-        backward: return the backward FLOPs instead of the forward's.
-
-    Returns:
-        FLOPs as a float.
-    """
-    n = check_positive("seq_len", seq_len)
-    fwd = 4.0 * n * n * check_positive("head_dim", head_dim) * check_positive("num_heads", num_heads)
-    fwd *= check_positive("batch_size", batch_size)
-    if causal:
-        fwd /= 2
-    return 2.5 * fwd if backward else fwd
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Memory measurement
 # --------------------------------------------------------------------------------------------------------------
@@ -602,7 +462,7 @@ def attention_peak_bytes(seq_len: int, impl: str, head_dim: int = 64, num_heads:
         ``torch.cuda.max_memory_allocated``.
     """
     torch = _torch()
-    from .trace import MemoryTracker
+    from .tracker import MemoryTracker
 
     n = check_positive("seq_len", seq_len)
     d = check_positive("head_dim", head_dim)
@@ -617,7 +477,7 @@ def attention_peak_bytes(seq_len: int, impl: str, head_dim: int = 64, num_heads:
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     torch.manual_seed(seed)
     tracker = MemoryTracker(device)
-    with tracker.mode(), tracker.phase_of("forward", MemCategory.ACTIVATION):
+    with tracker.mode(), tracker.forward():
         q, k, v = (torch.randn(b, h, n, d, dtype=torch_dtype, device=device).requires_grad_() for _ in range(3))
         dout = torch.randn(b, h, n, d, dtype=torch_dtype, device=device)  # (B, H, N, d)
         if impl == "naive":
@@ -626,7 +486,7 @@ def attention_peak_bytes(seq_len: int, impl: str, head_dim: int = 64, num_heads:
             out = flash_attention(q, k, v, causal, block_q, block_k)
         else:
             out = _sdpa(impl, device, q, k, v, causal)
-        with tracker.phase_of("backward", MemCategory.TEMP):
+        with tracker.backward():
             grads = torch.autograd.grad(out, (q, k, v), dout)
         del out, grads
     return tracker.peak

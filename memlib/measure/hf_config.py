@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.configs import SUPPORTED_MODEL_TYPES, ModelConfig, config_source, load_config, unsupported_model_type
-from ..core.errors import MemlibError, require_torch
+from ..core.errors import MemlibError
+from .deps import require_torch
 from ..core.params import ParamCount, count_params
 
 __all__ = ["transformers_config", "config_from_transformers", "load_any_config", "count_built", "count_params_any"]

@@ -9,9 +9,9 @@ import logging
 from typing import Any
 
 from ..core.dtypes import WEIGHT_FORMATS
-from ..core.errors import require_torch
 from ..core.estimate import estimate_inference
 from ..core.inference import kv_bytes_per_token
+from .deps import require_torch
 
 __all__ = [
     "tiny_llama_config",
@@ -267,8 +267,7 @@ def measure_forward_peak(model: Any, *, batch_size: int = 1, seq_len: int = 2048
     net = build_model(model, device="meta", dtype=dtype, attention="sdpa",
                       overrides={"num_hidden_layers": num_layers, "n_layer": num_layers}).eval()
     tracker = MemoryTracker("meta")
-    for t in list(net.parameters()) + list(net.buffers()):
-        tracker.register(t)
+    tracker.track_model(net, grad_hooks=False)
     base = tracker.total
     tracker.reset_peak()
     ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")  # (B, T)

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from .deps import require_torch
 from .parallel_counters import CommCounter, SavedBytes, local_tensor, nbytes
 from .procs import join_gloo_group, join_with_deadline
 

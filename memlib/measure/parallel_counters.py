@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..core.errors import require_torch
+from .deps import require_torch
 
 __all__ = ["SavedBytes", "CommCounter", "local_tensor", "nbytes"]
 

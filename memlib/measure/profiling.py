@@ -14,19 +14,19 @@ import contextlib
 import json
 import os
 import pickle
-import shutil
 import statistics
-import subprocess
 import tempfile
 import time
-import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.configs import ModelConfig, load_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from ..core.errors import MemlibError, check_choice, check_positive
+from ..core.profiling import MemoryTimeline, downsample_timeline, load_snapshot, snapshot_timeline
+from .deps import require_torch
+from .profiling_gpu import gpu_ops_report, mfu_run, write_gpu_results
 
 __all__ = [
     "MeasuredFlops",
@@ -576,59 +576,30 @@ def meta_memory_snapshot(model: ModelLike, *, batch_size: int = 1, seq_len: int 
                          steps: int = 2, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A snapshot-format dict of a training run on the ``meta`` device: what a CUDA recording would hold.
 
-    Introduced in Chapter 12. A TorchDispatchMode logs every tensor storage created (``alloc``) and freed
-    (``free_completed``), from model construction on, in the layout of ``torch.cuda.memory._snapshot()``
-    (``device_traces[0]`` events with ``action``, ``addr``, ``size``, ``time_us``; ``segments`` with the blocks
-    alive at the end). ``time_us`` is an event counter, not time. No allocator: no rounding, no caching, no
-    fragmentation, no CUDA context. Phase boundaries (event index where each forward, backward and optimizer
-    step starts) are in ``"phases"``.
+    Introduced in Chapter 12. A :class:`memlib.measure.tracker.MemoryTracker` logs every tensor storage created
+    (``alloc``) and freed (``free_completed``), from model construction on, in the layout of
+    ``torch.cuda.memory._snapshot()`` (``device_traces[0]`` events with ``action``, ``addr``, ``size``,
+    ``time_us``; ``segments`` with the blocks alive at the end). ``time_us`` is an event counter, not time. No
+    allocator: no rounding, no caching, no fragmentation, no CUDA context. Phase boundaries (event index where
+    each forward, backward and optimizer step starts) are in ``"phases"``.
     """
     torch = _torch()
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
     from .trace import _patched, build_model
+    from .tracker import MemoryTracker
 
     events: list[dict[str, Any]] = []
-    live: dict[int, int] = {}
-    recording = [True]  # finalizers that fire after the return (model and optimizer dying) must not log
 
-    def free(key: int) -> None:
-        if not recording[0]:
-            return
-        size = live.pop(key, None)
-        if size is not None:
-            events.append({"action": "free_completed", "addr": key, "size": size, "time_us": len(events),
-                           "stream": 0, "frames": []})
+    def log(action: str, key: int, size: int) -> None:
+        events.append({"action": "alloc" if action == "alloc" else "free_completed", "addr": key, "size": size,
+                       "time_us": len(events), "stream": 0, "frames": []})
 
-    def register(t: Any) -> None:
-        if not isinstance(t, torch.Tensor) or t.device.type != "meta":
-            return
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in live:
-            return
-        live[key] = st.nbytes()
-        events.append({"action": "alloc", "addr": key, "size": st.nbytes(), "time_us": len(events), "stream": 0,
-                       "frames": []})
-        weakref.finalize(st, free, key)
-
-    class _Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                register(t)
-            return out
-
+    tracker = MemoryTracker("meta", on_event=log)
     phases: list[tuple[str, int]] = []
-    with _Mode():
+    with tracker.mode(cache=False):
         net = build_model(model, device="meta", dtype=dtype, attention="sdpa", overrides=overrides)
-    for p in net.parameters():
-        register(p)
-    for b in net.buffers():
-        register(b)
+    tracker.track_model(net, grad_hooks=False)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
-    with _patched(True), _Mode():
+    with _patched(True), tracker.mode(cache=False):
         ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device="meta")  # (B, T)
         for _ in range(check_positive("steps", steps)):
             phases.append(("forward", len(events)))
@@ -641,241 +612,10 @@ def meta_memory_snapshot(model: ModelLike, *, batch_size: int = 1, seq_len: int 
             opt.zero_grad(set_to_none=True)
         phases.append(("end", len(events)))
         for state in opt.state.values():  # step counters live on the host on a GPU
-            step = state.get("step")
-            if isinstance(step, torch.Tensor) and step.device.type == "meta":
-                key = step.untyped_storage()._cdata
-                size = live.pop(key, None)
-                if size is not None:
-                    events.append({"action": "free_completed", "addr": key, "size": size, "time_us": len(events),
-                                   "stream": 0, "frames": []})
-    recording[0] = False
-    blocks = [{"size": s, "state": "active_allocated"} for s in live.values()]
-    return {"segments": [{"device": 0, "blocks": blocks, "total_size": sum(live.values())}],
+            tracker.forget(state.get("step"))
+    tracker.on_event = None  # finalizers that fire after the return (model and optimizer dying) must not log
+    sizes = [nbytes for nbytes, _ in tracker.live.values()]
+    blocks = [{"size": s, "state": "active_allocated"} for s in sizes]
+    return {"segments": [{"device": 0, "blocks": blocks, "total_size": sum(sizes)}],
             "device_traces": [list(events)], "phases": list(phases),
             "source": "meta-device trace (memlib), not CUDA"}
-
-
-@dataclass(frozen=True)
-class MemoryTimeline:
-    """Allocated bytes after every allocator event of a snapshot. Chapter 12.
-
-    Attributes:
-        times_us: event times (microseconds on CUDA; an event counter for meta traces).
-        allocated_bytes: bytes allocated after each event.
-        baseline_bytes: bytes already allocated when recording started (before the first event kept).
-        peak_bytes: the maximum of ``allocated_bytes``.
-        num_events: alloc and free events used.
-    """
-
-    times_us: list[float]
-    allocated_bytes: list[int]
-    baseline_bytes: int
-    peak_bytes: int
-    num_events: int
-
-
-def load_snapshot(path: str | Path) -> dict[str, Any]:
-    """Read a snapshot pickle written by ``torch.cuda.memory._dump_snapshot``. Chapter 12.
-
-    Raises:
-        MemlibError: the file is missing or is not a snapshot.
-    """
-    try:
-        with open(path, "rb") as fh:
-            data = pickle.load(fh)  # noqa: S301 - snapshots are pickles by design; read only your own
-    except OSError as e:
-        raise MemlibError(f"cannot read snapshot {str(path)!r}: {e.strerror}") from None
-    if not isinstance(data, dict) or "device_traces" not in data:
-        raise MemlibError(f"{str(path)!r} is not a memory snapshot (no 'device_traces')")
-    return data
-
-
-def snapshot_timeline(snapshot: dict[str, Any] | str | Path, device: int = 0) -> MemoryTimeline:
-    """Turn a memory snapshot (CUDA pickle or :func:`meta_memory_snapshot` dict) into a timeline of bytes.
-
-    Introduced in Chapter 12. Adds ``size`` at every ``alloc`` and subtracts it at every ``free_completed``
-    of ``device_traces[device]``. The bytes already allocated before the first recorded event (when the ring
-    buffer dropped older events, or recording started late) are recovered from the blocks alive at the end
-    (``segments``): baseline = final − net change.
-
-    Args:
-        snapshot: the dict, or the path of a pickle.
-        device: CUDA device index.
-
-    Returns:
-        The timeline.
-    """
-    data = load_snapshot(snapshot) if isinstance(snapshot, (str, Path)) else snapshot
-    traces = data.get("device_traces")
-    if not isinstance(traces, list) or not 0 <= device < len(traces):
-        n = len(traces) if isinstance(traces, list) else 0
-        valid = ", ".join(map(str, range(n)))
-        raise MemlibError(f"snapshot has no trace for device {device}; expected one of: {valid}")
-    times: list[float] = []
-    deltas: list[int] = []
-    for ev in traces[device]:
-        action = ev.get("action")
-        if action == "alloc":
-            deltas.append(int(ev["size"]))
-        elif action == "free_completed":
-            deltas.append(-int(ev["size"]))
-        else:
-            continue
-        times.append(float(ev.get("time_us", len(times))))
-    final = sum(int(b["size"]) for seg in data.get("segments", []) if seg.get("device", device) == device
-                for b in seg.get("blocks", []) if b.get("state") == "active_allocated")
-    baseline = final - sum(deltas)
-    alloc = []
-    cur = baseline
-    for d in deltas:
-        cur += d
-        alloc.append(cur)
-    return MemoryTimeline(times_us=times, allocated_bytes=alloc, baseline_bytes=baseline,
-                          peak_bytes=max(alloc, default=baseline), num_events=len(deltas))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Operations commands (GPU machine)
-# ----------------------------------------------------------------------------------------------------------
-
-
-def _run(cmd: list[str], timeout: float = 60) -> dict[str, Any]:
-    if shutil.which(cmd[0]) is None:
-        return {"command": " ".join(cmd), "returncode": None, "output": f"{cmd[0]}: not found"}
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"command": " ".join(cmd), "returncode": None, "output": "timed out"}
-    return {"command": " ".join(cmd), "returncode": p.returncode, "output": (p.stdout + p.stderr)[-20000:]}
-
-
-def gpu_ops_report() -> dict[str, Any]:
-    """Run the Strategies notes' operations commands and collect their output (for ``labs/results/12_ops.json``).
-
-    Introduced in Chapter 12. ``nvidia-smi``, ``nvidia-smi topo -m``, ``nvidia-smi dmon -c 5``,
-    ``ds_report``, and ``torch.cuda.get_device_properties`` for each device (the PyTorch equivalent of the
-    CUDA samples' ``deviceQuery``). Commands that are missing are reported as such, not skipped silently.
-    """
-    torch = _torch()
-    report: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "torch": torch.__version__, "cuda_available": bool(torch.cuda.is_available())}
-    report["commands"] = [_run(["nvidia-smi"]), _run(["nvidia-smi", "topo", "-m"]),
-                          _run(["nvidia-smi", "dmon", "-c", "5"]), _run(["ds_report"], timeout=180)]
-    props = []
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            props.append({"index": i, "name": p.name, "total_memory": int(p.total_memory),
-                          "capability": f"{p.major}.{p.minor}", "multi_processor_count": int(p.multi_processor_count),
-                          "text": str(p)})
-    report["device_properties"] = props
-    return report
-
-
-
-# ----------------------------------------------------------------------------------------------------------
-# MFU of a timed step, and the GPU suite that writes labs/results/
-# ----------------------------------------------------------------------------------------------------------
-
-
-def mfu_run(model: ModelLike, *, batch_size: int, seq_len: int, device: str = "cuda", dtype: str = "bf16",
-            peak_flops_per_s: float | None = None, steps: int = 5, warmup: int = 2, recompute: str = "none",
-            overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Time training steps and compute achieved TFLOP/s, MFU and HFU: the record Chapter 12's lab stores.
-
-    Introduced in Chapter 12. Model FLOPs are :func:`memlib.core.flops.training_flops` with all T×T scores (PaLM's
-    convention); on CUDA the peak is the dense ``dtype`` peak of the matching entry of :mod:`memlib.core.hardware`
-    unless ``peak_flops_per_s`` is given (required on CPU: estimate it with :func:`matmul_benchmark`).
-
-    Returns:
-        A JSON-ready dict: settings, device name, step times, tokens/s, model and hardware FLOPs per step,
-        achieved TFLOP/s, peak, MFU, HFU, torch version and UTC date.
-    """
-    torch = _torch()
-    from ..core.flops import hfu, mfu, training_flops
-    from ..core.hardware import match_gpu
-
-    timing = time_training_step(model, batch_size=batch_size, seq_len=seq_len, device=device, dtype=dtype,
-                                recompute=recompute, steps=steps, warmup=warmup, overrides=overrides)
-    cfg = load_config(model)
-    raw = dict(cfg.raw)
-    raw.update(overrides or {})
-    flops = training_flops(raw, batch_size, seq_len, recompute=recompute)
-    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    if peak_flops_per_s is None:
-        spec = match_gpu(device_name) if device == "cuda" else None
-        if spec is None:
-            raise MemlibError(f"no peak FLOP/s known for device {device_name!r}; pass peak_flops_per_s")
-        peak_flops_per_s = spec.peak_flops(dtype)
-    out: dict[str, Any] = dict(timing.settings)
-    out.update({"device_name": device_name, "torch": torch.__version__,
-                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "step_times_s": timing.step_times_s, "median_step_s": timing.median_s,
-                "tokens_per_s": timing.tokens_per_s, "model_flops_per_step": flops.model_flops,
-                "hardware_flops_per_step": flops.hardware_flops,
-                "achieved_tflops": flops.model_flops / timing.median_s / 1e12,
-                "peak_tflops": peak_flops_per_s / 1e12,
-                "mfu": mfu(flops.model_flops, timing.median_s, peak_flops_per_s),
-                "hfu": hfu(flops.hardware_flops, timing.median_s, peak_flops_per_s)})
-    if device == "cuda":
-        out["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
-    return out
-
-
-def downsample_timeline(timeline: MemoryTimeline, max_points: int = 2000) -> dict[str, Any]:
-    """A JSON-sized version of a timeline: at most ``max_points`` points, keeping each bucket's maximum.
-
-    Introduced in Chapter 12 (the GPU suite stores CUDA timelines this way, the snapshot pickle being large).
-    """
-    n = len(timeline.allocated_bytes)
-    step = max(1, -(-n // check_positive("max_points", max_points)))
-    times, values = [], []
-    for i in range(0, n, step):
-        chunk = timeline.allocated_bytes[i:i + step]
-        j = i + max(range(len(chunk)), key=chunk.__getitem__)
-        times.append(timeline.times_us[j])
-        values.append(timeline.allocated_bytes[j])
-    return {"times_us": times, "allocated_bytes": values, "baseline_bytes": timeline.baseline_bytes,
-            "peak_bytes": timeline.peak_bytes, "num_events": timeline.num_events}
-
-
-def write_gpu_results(results_dir: str | Path = "labs/results") -> list[Path]:
-    """Run Chapter 12's GPU measurements and write their JSON records (one call on a lent GPU).
-
-    Introduced in Chapter 12. Writes ``12_ops.json`` (:func:`gpu_ops_report`), ``12_mfu.json`` (:func:`mfu_run`
-    on Qwen2-0.5B, batch 8 × 2048 tokens, bf16, and GPT-2 XL, batch 8 × 1024) and ``12_memory_timeline.json``
-    (a CUDA snapshot of two training steps of Qwen2-0.5B, drawn by the book). A few minutes on an A100/H100.
-
-    Raises:
-        MemlibError: no CUDA device.
-    """
-    torch = _torch()
-    if not torch.cuda.is_available():
-        raise MemlibError("write_gpu_results needs a CUDA device; none is available")
-    out = Path(results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    path = out / "12_ops.json"
-    path.write_text(json.dumps(gpu_ops_report(), indent=1))
-    written.append(path)
-    runs = []
-    for model, b, s in (("qwen2-0.5b", 8, 2048), ("gpt2-xl", 8, 1024)):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        runs.append(mfu_run(model, batch_size=b, seq_len=s))
-    mm = matmul_benchmark(8192, dtype="bf16", device="cuda", repeats=10)
-    path = out / "12_mfu.json"
-    path.write_text(json.dumps({"runs": runs, "matmul_8192_bf16": asdict(mm)}, indent=1))
-    written.append(path)
-    torch.cuda.empty_cache()
-    with tempfile.TemporaryDirectory() as tmp:
-        snap = cuda_snapshot_training_step("qwen2-0.5b", Path(tmp) / "snap.pickle", batch_size=4, seq_len=1024)
-        timeline = snapshot_timeline(snap)
-    record = downsample_timeline(timeline)
-    record.update({"model": "qwen2-0.5b", "batch_size": 4, "seq_len": 1024, "dtype": "bf16", "steps": 2,
-                   "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    path = out / "12_memory_timeline.json"
-    path.write_text(json.dumps(record))
-    written.append(path)
-    return written

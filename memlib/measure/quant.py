@@ -87,10 +87,7 @@ def trace_lora_step(model: str | Path | dict[str, Any] | ModelConfig, *, rank: i
     net.train()
     tracker = MemoryTracker(device)
     trainable = [p for p in net.parameters() if p.requires_grad]
-    for p in net.parameters():
-        tracker.register(p, MemCategory.PARAM)
-    for buf in net.buffers():
-        tracker.register(buf, MemCategory.BUFFER)
+    tracker.track_model(net)  # frozen base weights and adapters as PARAM; gradient hooks on the adapters
     opt: torch.optim.Optimizer
     if optimizer == "adamw":
         opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
@@ -99,37 +96,29 @@ def trace_lora_step(model: str | Path | dict[str, Any] | ModelConfig, *, rank: i
 
         opt = bnb.optim.AdamW8bit(trainable, lr=1e-4)
     for p in trainable:
-        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
-    for p in trainable:
         p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
     vocab = int(net.config.vocab_size)
     input_ids = torch.randint(0, vocab, (b, s), device=device)
-    tracker.register(input_ids, MemCategory.ACTIVATION)
+    tracker.track_inputs(input_ids)
     end_of_forward: dict[str, int] = {}
     with _patched(True), tracker.mode():  # flash SDPA as on a GPU; skip transformers' .item() probe on meta
-        for st in opt.state.values():
-            for name, value in st.items():
-                if name == "step" or not isinstance(value, torch.Tensor):
-                    if isinstance(value, torch.Tensor):
-                        tracker.forget(value)
-                    continue
-                tracker.reclassify(value, MemCategory.OPTIMIZER)
+        tracker.track_optimizer(opt)
         tracker.reset_peak()
-        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+        with tracker.forward():
             loss = net(input_ids=input_ids, labels=input_ids).loss
         end_of_forward = {c.value: tracker.totals[c] for c in MemCategory}
-        with tracker.phase_of("backward", MemCategory.TEMP):
+        with tracker.backward():
             loss.backward()
             del loss
-        with tracker.phase_of("optimizer", MemCategory.TEMP):
+        with tracker.optimizer_step():
             opt.step()
             opt.zero_grad(set_to_none=True)
     settings = {"model": cfg.name, "rank": rank, "targets": targets, "batch_size": b, "seq_len": s, "dtype": dtype,
                 "optimizer": optimizer, "trainable_params": sum(p.numel() for p in trainable),
                 "activations_end_of_forward": end_of_forward.get(MemCategory.ACTIVATION.value, 0)}
-    return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
+    return TraceResult(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
 
 

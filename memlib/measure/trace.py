@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.categories import MemCategory
 from ..core.configs import ModelConfig, check_seq_len, load_config
+from ..core.errors import MemlibError, check_choice, check_positive
+from ..core.tracing import TraceResult
+from ..core.tracing import extrapolate_segments as _extrapolate
+from .deps import require_torch
 from .hf_config import load_any_config
-from ..core.errors import MemlibError, check_choice, check_positive, require_torch
+from . import tracker as _tracker
+from .tracker import MemoryTracker, _cached_meta_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -31,298 +34,6 @@ TRACE_OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
 
 def _torch() -> Any:
     return require_torch("memlib.measure.trace")
-
-
-@dataclass(frozen=True)
-class TraceResult:
-    """Peak memory of a measured training step. Introduced in Chapter 1.
-
-    Attributes:
-        peak_bytes: steady-state peak of live tensor bytes on the traced device.
-        by_category: bytes per :class:`MemCategory` value at the moment of the peak.
-        peak_phase: ``"forward"``, ``"backward"`` or ``"optimizer"``: where the peak happened.
-        device: the device traced (``"meta"``, ``"cpu"``, ``"cuda"``).
-        settings: the settings traced (model, batch, seq, precision, optimizer, attention, recompute).
-        method: ``"full"`` (every layer traced) or ``"extrapolated"`` (3 to 5 layers traced, exactly
-            extrapolated; see :func:`trace_training`).
-    """
-
-    peak_bytes: int
-    by_category: dict[str, int]
-    peak_phase: str
-    device: str
-    settings: dict[str, Any] = field(default_factory=dict)
-    method: str = "full"
-
-    @property
-    def params_bytes(self) -> int:
-        """Parameter bytes at the peak."""
-        return self.by_category[MemCategory.PARAM.value]
-
-    @property
-    def grads_bytes(self) -> int:
-        """Gradient bytes at the peak."""
-        return self.by_category[MemCategory.GRAD.value]
-
-    @property
-    def optimizer_bytes(self) -> int:
-        """Optimizer-state bytes (fp32 master weights included) at the peak."""
-        return self.by_category[MemCategory.OPTIMIZER.value]
-
-    @property
-    def activations_bytes(self) -> int:
-        """Bytes of tensors saved by the forward pass still alive at the peak."""
-        return self.by_category[MemCategory.ACTIVATION.value]
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: ``peak_bytes``, ``<category>_bytes``, ``peak_phase``, ``device``, settings."""
-        out: dict[str, Any] = {"peak_bytes": self.peak_bytes}
-        out.update({f"{k}_bytes": v for k, v in self.by_category.items()})
-        out["peak_phase"] = self.peak_phase
-        out["device"] = self.device
-        out.update(self.settings)
-        return out
-
-
-class MemoryTracker:
-    """Track live tensor storages on one device type with a TorchDispatchMode and weak references.
-
-    Each op's outputs are registered once per storage (views share their base's storage), under the
-    category of the current phase; a weak-reference finalizer removes the bytes when the storage dies.
-    ``reclassify`` moves a storage to another category (a gradient that becomes ``param.grad``).
-    """
-
-    def __init__(self, device_type: str) -> None:
-        self.device_type = device_type
-        self.live: dict[int, tuple[int, MemCategory]] = {}
-        self.totals: dict[MemCategory, int] = {c: 0 for c in MemCategory}
-        self.total = 0
-        self.peak = 0
-        self.peak_totals: dict[MemCategory, int] = dict(self.totals)
-        self.phase = "setup"
-        self.peak_phase = "setup"
-        self.category = MemCategory.ACTIVATION
-        # Optional per-segment maxima (segments: a layer's forward, its backward, ...), used to extrapolate a
-        # trace of a few layers to many (see trace_training's ``extrapolate``).
-        self.segment: Any = None
-        self.seg_peaks: dict[Any, tuple[int, dict[MemCategory, int], str]] = {}
-
-    def _release(self, key: int) -> None:
-        entry = self.live.pop(key, None)
-        if entry is not None:
-            self.total -= entry[0]
-            self.totals[entry[1]] -= entry[0]
-
-    def register(self, t: Any, category: MemCategory | None = None) -> None:
-        """Count the storage of tensor ``t`` (once) under ``category`` (default: the phase's)."""
-        torch = _torch()
-        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
-            return
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self.live:
-            return
-        nbytes = st.nbytes()
-        cat = category or self.category
-        self.live[key] = (nbytes, cat)
-        self.totals[cat] += nbytes
-        self.total += nbytes
-        weakref.finalize(st, self._release, key)
-        if self.total > self.peak:
-            self.peak = self.total
-            self.peak_totals = dict(self.totals)
-            self.peak_phase = self.phase
-        if self.segment is not None:
-            sp = self.seg_peaks.get(self.segment)
-            if sp is None or self.total > sp[0]:
-                self.seg_peaks[self.segment] = (self.total, dict(self.totals), self.phase)
-
-    def set_segment(self, label: Any) -> None:
-        """Start (or re-enter) segment ``label``; its maximum starts from the live bytes now."""
-        self.segment = label
-        sp = self.seg_peaks.get(label)
-        if sp is None or self.total > sp[0]:
-            self.seg_peaks[label] = (self.total, dict(self.totals), self.phase)
-
-    def reclassify(self, t: Any, category: MemCategory) -> None:
-        """Move the storage of ``t`` to ``category`` (registering it first if needed)."""
-        torch = _torch()
-        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
-            return
-        key = t.untyped_storage()._cdata
-        if key not in self.live:
-            self.register(t, category)
-            return
-        nbytes, old = self.live[key]
-        self.live[key] = (nbytes, category)
-        self.totals[old] -= nbytes
-        self.totals[category] += nbytes
-
-    def forget(self, t: Any) -> None:
-        """Stop counting the storage of ``t`` (e.g. optimizer step counters, which live on the host)."""
-        torch = _torch()
-        if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
-            self._release(t.untyped_storage()._cdata)
-
-    def reset_peak(self) -> None:
-        """Start a new peak measurement from the current live bytes."""
-        self.peak = self.total
-        self.peak_totals = dict(self.totals)
-        self.peak_phase = self.phase
-        self.seg_peaks = {}
-        if self.segment is not None:
-            self.set_segment("start")
-
-    @contextlib.contextmanager
-    def phase_of(self, phase: str, category: MemCategory) -> Iterator[None]:
-        """Within the block, new storages are counted as ``category`` and peaks are labelled ``phase``."""
-        old = (self.phase, self.category)
-        self.phase, self.category = phase, category
-        try:
-            yield
-        finally:
-            self.phase, self.category = old
-
-    def mode(self) -> Any:
-        """The TorchDispatchMode that registers every op's outputs."""
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        tracker = self
-        if self.device_type == "meta" and META_CACHE:
-            return _cached_meta_mode(tracker)
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                out = func(*args, **(kwargs or {}))
-                for t in tree_leaves(out):
-                    tracker.register(t)
-                return out
-
-        return _Mode()
-
-
-#: Cache output metadata of functional ops on the meta device (see :func:`_cached_meta_mode`); the tests
-#: switch it off to check that the trace is the same without it.
-META_CACHE = True
-
-_SIMPLE_LEAVES = (int, float, bool, str, type(None))
-
-
-def _strided_nbytes(t: Any) -> int:
-    """Bytes that ``torch.empty_strided`` allocates for ``t``'s sizes, strides and dtype."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
-
-
-# Output metadata of functional meta ops, and the keys of in-place meta ops known to change no metadata; shared
-# by all traces in the process (the keys hold sizes, strides and dtypes only, never tensors).
-_META_OUT: dict[Any, Any] = {}
-_META_NOOP: set[Any] = set()
-_OP_KIND: dict[Any, Any] = {}
-
-
-def _op_kind(func: Any) -> Any:
-    """"functional", ("inplace", [argument index per return]), or None (not cacheable)."""
-    kind = _OP_KIND.get(func, False)
-    if kind is not False:
-        return kind
-    torch = _torch()
-    schema = func._schema
-    kind = None
-    if torch.Tag.nondeterministic_seeded in func.tags or torch.Tag.inplace_view in func.tags:
-        kind = None
-    elif not schema.is_mutable and schema.returns and all(r.alias_info is None for r in schema.returns):
-        kind = "functional"
-    elif schema.is_mutable and all(r.alias_info is not None and r.alias_info.is_write for r in schema.returns):
-        sets = [frozenset(a.alias_info.before_set) if a.alias_info is not None else None for a in schema.arguments]
-        where = []
-        for r in schema.returns:
-            match = [k for k, st in enumerate(sets) if st == frozenset(r.alias_info.before_set)]
-            where.append(match[0] if len(match) == 1 else None)
-        if None not in where:
-            kind = ("inplace", where, [a.name for a in schema.arguments])
-    _OP_KIND[func] = kind
-    return kind
-
-
-def _cached_meta_mode(tracker: MemoryTracker | None) -> Any:
-    """A dispatch mode for the meta device that caches what meta kernels compute (and tracks memory).
-
-    Identical decoder layers call the same ops on tensors of the same shapes dozens of times; the meta kernels
-    (many written in Python) then compute the same output sizes again and again. The outputs of an op that
-    neither mutates nor aliases its inputs, and whose outputs are fresh tensors, depend only on its arguments'
-    metadata: on a cache hit new meta tensors with the cached sizes, strides and dtypes are made directly. An
-    in-place op on meta tensors does nothing but check shapes; once a call with the same metadata has been seen
-    to leave every argument's metadata unchanged, later ones return their aliased arguments at once. The
-    storages, and so the memory trace, are the same as without the cache (the tests compare them). With
-    ``tracker=None`` the mode only caches (the untraced warm-up step).
-    """
-    torch = _torch()
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    Tensor = torch.Tensor
-    simple = _SIMPLE_LEAVES + (torch.dtype, torch.device, torch.layout, torch.memory_format)
-
-    def key_of(func: Any, args: Any, kwargs: Any) -> Any:
-        leaves, spec = tree_flatten((args, kwargs))
-        parts: list[Any] = [func, spec]
-        for x in leaves:
-            if isinstance(x, Tensor):
-                if x.device.type != "meta":
-                    return None
-                parts.append((tuple(x.shape), x.stride(), x.dtype, x.storage_offset()))
-            elif isinstance(x, simple):
-                parts.append((type(x), x))
-            else:
-                return None
-        return tuple(parts)
-
-    def tensor_meta(x: Any) -> Any:
-        return [(tuple(t.shape), t.stride(), t.dtype, t.storage_offset())
-                for t in tree_flatten(x)[0] if isinstance(t, Tensor)]
-
-    class _Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = kwargs or {}
-            kind = _op_kind(func)
-            key = key_of(func, args, kwargs) if kind is not None else None
-            if kind is not None and kind != "functional":  # in-place
-                _, where, names = kind
-                if key is not None and key in _META_NOOP:
-                    outs = [args[k] if k < len(args) else kwargs[names[k]] for k in where]
-                    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
-                before = tensor_meta((args, kwargs)) if key is not None else None
-                out = func(*args, **kwargs)
-                if key is not None and tensor_meta((args, kwargs)) == before:
-                    _META_NOOP.add(key)
-                return out
-            hit = _META_OUT.get(key) if key is not None else None
-            if hit is not None:
-                metas, spec = hit
-                outs = [torch.empty_strided(size, stride, dtype=dtype, device="meta") for size, stride, dtype in metas]
-                out = tree_unflatten(outs, spec)
-            else:
-                out = func(*args, **kwargs)
-                if key is not None:
-                    leaves, spec = tree_flatten(out)
-                    if leaves and all(isinstance(t, Tensor) and t.device.type == "meta" and t.storage_offset() == 0
-                                      and t.untyped_storage().nbytes() == _strided_nbytes(t) for t in leaves):
-                        storages = {t.untyped_storage()._cdata for t in leaves}
-                        fresh = len(storages) == len(leaves) and not any(
-                            isinstance(a, Tensor) and a.untyped_storage()._cdata in storages
-                            for a in tree_flatten((args, kwargs))[0])
-                        if fresh:
-                            _META_OUT[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in leaves], spec)
-                outs = tree_flatten(out)[0]
-            if tracker is not None:
-                for t in outs:
-                    tracker.register(t)
-            return out
-
-    return _Mode()
 
 
 def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
@@ -624,7 +335,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
                                peak_phase=phase, device=device, settings=settings, method="extrapolated")
     tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
-    return TraceResult(peak_bytes=tracker.peak, by_category={c.value: tracker.peak_totals[c] for c in MemCategory},
+    return TraceResult(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
 
 
@@ -699,10 +410,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     owner: dict[int, Any] = {}
     if segments:
         owner = _segment_hooks(net, tracker)
-    for p in params:
-        tracker.register(p, MemCategory.PARAM)
-    for b in net.buffers():
-        tracker.register(b, MemCategory.BUFFER)
+    tracker.track_model(net)
     mixed = precision.endswith("-mixed")
     with tracker.mode():
         masters = [p.detach().float().clone() for p in params] if mixed else []
@@ -711,21 +419,19 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         m.requires_grad_(True)
     # Mixed precision: one optimizer per master tensor, so each step touches only the tensor being updated.
     opts = [_make_optimizer(optimizer, [m]) for m in masters] if mixed else [_make_optimizer(optimizer, params)]
-    for p in params:
-        p.register_post_accumulate_grad_hook(lambda p: tracker.reclassify(p.grad, MemCategory.GRAD))
     vocab = int(net.config.vocab_size)
     input_ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)  # (B, T)
-    tracker.register(input_ids, MemCategory.ACTIVATION)
+    tracker.track_inputs(input_ids)
 
     def step() -> None:
-        with tracker.phase_of("forward", MemCategory.ACTIVATION):
+        with tracker.forward():
             loss = net(input_ids=input_ids, labels=input_ids).loss
-        with tracker.phase_of("backward", MemCategory.TEMP):
+        with tracker.backward():
             if segments:
                 tracker.set_segment("loss-backward")
             loss.backward()
             del loss
-        with tracker.phase_of("optimizer", MemCategory.TEMP):
+        with tracker.optimizer_step():
             if mixed:
                 # One tensor at a time: cast its 16-bit gradient to fp32, update the fp32 master, copy back.
                 for p, m, opt in zip(params, masters, opts):
@@ -746,7 +452,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
 
     # Warm-up: one optimizer step on zero gradients creates the optimizer states exactly as a first training
     # step would (a full first forward/backward would only cost time: nothing else outlives a step).
-    warm = _cached_meta_mode(None) if device == "meta" and META_CACHE else contextlib.nullcontext()
+    warm = _cached_meta_mode(None) if device == "meta" and _tracker.META_CACHE else contextlib.nullcontext()
     with warm:
         for opt in opts:
             for group in opt.param_groups:
@@ -757,12 +463,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     if segments:
         tracker.segment = "start"
     with _patched(attention == "sdpa"), tracker.mode():
-        for state in (st for opt in opts for st in opt.state.values()):
-            for name, value in state.items():
-                if name == "step":  # a host-side scalar in PyTorch's optimizers, not device memory
-                    tracker.forget(value)
-                else:
-                    tracker.reclassify(value, MemCategory.OPTIMIZER)
+        tracker.track_optimizer(*opts)
         tracker.reset_peak()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -833,84 +534,3 @@ def _segment_hooks(net: Any, tracker: MemoryTracker) -> dict[int, Any]:
         else:
             owner[id(p)] = "optimizer-after" if seen_layer else "optimizer-before"
     return owner
-
-
-_LAYER_ORDER = {"F": 1, "B": -1, "Q": 1}  # direction of time along the layer index in each kind
-
-
-def _extrapolate(runs: dict[int, dict[Any, tuple[int, dict[MemCategory, int], str]]],
-                 num_layers: int, lead: int = 0) -> tuple[int, dict[MemCategory, int], str] | None:
-    """Peak of an ``num_layers``-layer step from segment maxima traced at 3, 4 and 5 layers, or None.
-
-    A non-layer segment's maximum must be affine in the depth L; a layer segment's, affine in (k, L). Every
-    traced point is checked exactly; any mismatch returns None (the caller then traces the full model).
-    With ``lead`` layers that differ from the rest (DeepSeek's dense first layers), the depths traced are
-    lead + 3, 4, 5 and each of the first lead + 1 layers is its own affine function of the depth.
-    """
-    cats = list(MemCategory)
-
-    def vec(entry: tuple[int, dict[MemCategory, int], str]) -> tuple[int, ...]:
-        return (entry[0], *(entry[1][c] for c in cats))
-
-    depths = sorted(runs)
-    first = runs[depths[0]]
-    plain = [lab for lab in first if not isinstance(lab, tuple)]
-    kinds = sorted({lab[0] for run in runs.values() for lab in run if isinstance(lab, tuple)})
-    if any({lab for lab in run if not isinstance(lab, tuple)} != set(plain) for run in runs.values()):
-        return None
-    candidates: list[tuple[tuple[int, ...], str, int]] = []  # (vector, phase, time order)
-    order = {lab: i for i, lab in enumerate(first)}
-    for lab in plain:
-        vs = [vec(runs[d][lab]) for d in depths]
-        if len({runs[d][lab][2] for d in depths}) != 1:
-            return None
-        step = tuple(b - a for a, b in zip(vs[0], vs[1]))
-        for d, v in zip(depths, vs):
-            if tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v:
-                return None
-        candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)),
-                           runs[depths[0]][lab][2], order[lab] * 10**6))
-    for kind in kinds:
-        pts = {(lab[1], d): runs[d][lab] for d in depths for lab in runs[d] if isinstance(lab, tuple) and lab[0] == kind}
-        if set(pts) != {(k, d) for d in depths for k in range(1, d + 1)} or len({e[2] for e in pts.values()}) != 1:
-            return None
-        phase = next(iter(pts.values()))[2]
-        t0 = order.get((kind, 1), 10**9)
-        forward_in_k = _LAYER_ORDER.get(kind, 1) > 0
-        # The first and the last layer may differ from the others (the embedding output stays referenced
-        # through the forward; the last output feeds the final norm): each is its own affine function of the
-        # depth. The layers in between are affine in (k, depth).
-        for edge in [*range(1, lead + 2), 0]:  # the first lead + 1 layers, then the last (0)
-            ks = {d: edge or d for d in depths}
-            vs = [vec(pts[(ks[d], d)]) for d in depths]
-            step = tuple(b - a for a, b in zip(vs[0], vs[1]))
-            if any(tuple(a + (d - depths[0]) * st for a, st in zip(vs[0], step)) != v for d, v in zip(depths, vs)):
-                return None
-            k_at = edge or num_layers
-            rank = k_at if forward_in_k else num_layers - k_at
-            candidates.append((tuple(a + (num_layers - depths[0]) * st for a, st in zip(vs[0], step)), phase,
-                               t0 * 10**6 + rank))
-        mid = {(k, d): vec(e) for (k, d), e in pts.items() if lead + 1 < k < d}
-        if not mid:
-            continue
-        (k0, d0) = min(mid, key=lambda kd: (kd[1], kd[0]))
-        if (k0 + 1, d0 + 1) not in mid or (k0, d0 + 1) not in mid:
-            return None
-        v00, v01, v11 = mid[(k0, d0)], mid[(k0, d0 + 1)], mid[(k0 + 1, d0 + 1)]
-        bk = tuple(y - x for x, y in zip(v01, v11))
-        cd = tuple(y - x for x, y in zip(v00, v01))
-
-        def at(k: int, depth: int) -> tuple[int, ...]:
-            return tuple(a + (k - k0) * b + (depth - d0) * c for a, b, c in zip(v00, bk, cd))
-
-        if len(mid) < 4 or any(at(k, d) != v for (k, d), v in mid.items()):
-            return None
-        if num_layers >= lead + 3:
-            for k in (lead + 2, num_layers - 1):
-                rank = k if forward_in_k else num_layers - k
-                candidates.append((at(k, num_layers), phase, t0 * 10**6 + rank))
-    if not candidates:
-        return None
-    candidates.sort(key=lambda c: c[2])
-    best = max(candidates, key=lambda c: c[0][0])  # max() keeps the first (earliest) of equal peaks
-    return best[0][0], dict(zip(cats, best[0][1:])), best[1]
