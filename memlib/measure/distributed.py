@@ -620,27 +620,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ZeRO stages to run: 0 DDP, 1 ZeroRedundancyOptimizer, 2 and 3 FSDP2 (default: all)")
     ap.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None, help=argparse.SUPPRESS)  # old name
     ap.add_argument("--steps", type=positive_int, default=3, help="training steps, ≥ 2 (default 3)")
-    ap.add_argument("--batch", "--batch-size", dest="batch", type=positive_int, default=2,
-                    help="micro-batch size per GPU (default 2)")
+    ap.add_argument("--batch", "--batch-size", dest="batch", type=positive_int, default=2, help="default 2")
     ap.add_argument("--seq", "--seq-len", dest="seq", type=positive_int, default=32,
                     help=f"sequence length, at most {TINY_LLAMA['max_position_embeddings']} (default 32)")
-    ap.add_argument("--gpus", type=positive_int, default=2,
-                    help="processes to spawn when not under torchrun (default 2); torchrun sets its own")
-    ap.add_argument("--world-size", dest="gpus", type=positive_int, default=argparse.SUPPRESS,
-                    help=argparse.SUPPRESS)  # the old name of --gpus
+    ap.add_argument("--gpus", type=positive_int, default=2, help="processes to spawn without torchrun (default 2)")
+    ap.add_argument("--world-size", dest="gpus", type=positive_int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here (default: print it)")
     return ap
 
 
 def _strategies(args: argparse.Namespace) -> list[str]:
-    """The strategies asked for, validated as ``memlib train`` validates its settings (one TrainingSetup each)."""
+    """The strategies asked for, validated as ``memlib train`` validates its settings (a TrainingSetup each)."""
     from ..core.configs import check_seq_len, load_config
     from ..core.setup import TrainingSetup
 
     if args.zero is not None and args.strategies is not None:
         raise MemlibError("give --zero or --strategies, not both")
-    by_stage = {stage: s for s, stage in STRATEGY_STAGE.items()}
-    strategies = args.strategies or [by_stage[z] for z in (args.zero if args.zero is not None else ZERO_STAGES)]
+    strategies = args.strategies or [STRATEGIES[z] for z in (args.zero if args.zero is not None else ZERO_STAGES)]
     for s in strategies:
         TrainingSetup(batch_size=args.batch, seq_len=args.seq, zero_stage=STRATEGY_STAGE[s], num_gpus=args.gpus)
     check_seq_len(load_config(TINY_LLAMA), args.seq)
@@ -653,20 +649,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun --nproc-per-node N -m memlib.measure.distributed [--out F]``: every strategy, NCCL on GPUs.
 
     Without ``torchrun`` (no ``RANK`` in the environment) it spawns ``--gpus`` gloo processes on CPU instead.
-    Rank 0 writes the results (JSON, with device name, torch version and date) to ``--out``. The flags are
-    ``memlib train``'s (``--zero``, ``--gpus``, ``--batch-size``, ``--seq-len``) and are validated the same way:
-    bad input exits with status 2 and one line on stderr.
+    Rank 0 writes the results (JSON, with device name, torch version and date) to ``--out``. Flags and checks
+    are ``memlib train``'s; bad input exits with status 2 and one line on stderr.
     """
     args = build_parser().parse_args(argv)
     try:
-        return _main(args)
+        return _main(args, _strategies(args))
     except MemlibError as e:
         print(f"memlib.measure.distributed: error: {e}", file=sys.stderr)
         return 2
 
 
-def _main(args: argparse.Namespace) -> int:
-    strategies = _strategies(args)
+def _main(args: argparse.Namespace, strategies: list[str]) -> int:
     torch = _torch()
     kwargs = {"steps": args.steps, "batch_size": args.batch, "seq_len": args.seq}
     meta: dict[str, Any] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d", time.gmtime())}

@@ -44,11 +44,11 @@ __all__ = ["LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_breakdown", "
 #: memlib's modules the live calculators import, as paths under memlib/ without .py (shipped to the browser as one
 #: zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
-    "__init__", "core/__init__", "core/attention_terms", "core/categories", "core/choices", "core/configs",
-    "core/dtypes", "core/errors", "core/estimate", "core/families_dense", "core/families_moe", "core/flops",
-    "core/formats", "core/gpus", "core/inference", "core/lora", "core/offload", "core/parallel", "core/params",
-    "core/plan", "core/search", "core/serve", "core/setup", "drills/__init__", "drills/widgets", "viz/__init__",
-    "viz/live", "viz/plots",
+    "__init__", "core/__init__", "core/activations", "core/attention_terms", "core/categories", "core/choices",
+    "core/configs", "core/dtypes", "core/errors", "core/estimate", "core/families_dense", "core/families_moe",
+    "core/flops", "core/formats", "core/gpus", "core/inference", "core/lora", "core/offload", "core/parallel",
+    "core/params", "core/plan", "core/search", "core/serve", "core/setup", "drills/__init__", "drills/widgets",
+    "viz/__init__", "viz/live", "viz/plots",
 )
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
