@@ -5,36 +5,22 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
+from .core.choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE,
+                           SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GB, GiB
 from .core.errors import MemlibError
 
 __all__ = ["main", "build_parser"]
 
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"memlib: error: {message}\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}; expected a positive integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"invalid value {value}; expected a positive integer")
-    return value
+_Parser = OneLineParser  # one-line errors, exit status 2 (shared with python -m memlib.measure.distributed)
+_positive_int = positive_int
 
 
 def _parallel_flags(p: argparse.ArgumentParser) -> None:
     """Model-parallel degrees (Chapter 15): --gpus is the total, dp = gpus / (tp·pp·cp)."""
-    from .core.parallel import SCHEDULES
-
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default 1)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (with --tp)")
     p.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages (default 1)")
@@ -46,11 +32,8 @@ def _parallel_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``memlib`` (exposed for the docs and tests)."""
-    from .core.estimate import ATTENTION, KV_DTYPES, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
-    from .core.lora import LORA_TARGETS, METHODS
     from .core.hardware import gpu_names
     from .core.plan import JOBS
-    from .core.dtypes import WEIGHT_FORMATS
 
     models_help = f"shipped model ({', '.join(shipped_models(all_models=True))}) or path to a config.json"
     plan_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
@@ -70,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq", "--seq-len", type=_positive_int, default=512, help="sequence length (default 512)")
     t.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    t.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage")
+    t.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
     t.add_argument("--attention", choices=ATTENTION, default=None,
@@ -145,10 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("model", help=models_help)
     r.add_argument("--batch", "--batch-size", type=_positive_int, default=1)
     r.add_argument("--seq", "--seq-len", type=_positive_int, default=512)
-    r.add_argument("--precision", choices=("fp32", "fp16-mixed", "bf16-mixed", "bf16"), default="bf16-mixed")
+    r.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
     r.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     r.add_argument("--attention", choices=ATTENTION, default="sdpa")
-    r.add_argument("--recompute", choices=("none", "full"), default="none")
+    r.add_argument("--recompute", choices=tuple(x for x in RECOMPUTE if x != "selective"), default="none",
+                   help="the trace runs transformers' gradient checkpointing (full) or none")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
@@ -178,23 +162,17 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             data["active_params"] = moe_params(args.model).active
         return data, _table(list(data.items()), f"parameters of {args.model}")
     if args.command == "train":
+        from .core.configs import load_config
         from .core.estimate import estimate_training
 
         if args.model is None and args.params is None:
             raise MemlibError("give a model (shipped name or config.json) or --params N")
+        cfg = None if args.model is None else load_config(args.model)  # the one load of this call
         attention = args.attention
         if attention is None:  # transformers has no sdpa attention for gemma2 (soft-capped logits)
-            from .core.configs import load_config
-
-            eager_only = args.model is not None and load_config(args.model).model_type == "gemma2"
-            attention = "eager" if eager_only else "sdpa"
-        est = estimate_training(args.model, params=args.params, batch_size=args.batch, seq_len=args.seq,
-                                precision=args.precision, optimizer=args.optimizer, zero_stage=args.zero,
-                                num_gpus=args.gpus, recompute=args.recompute, attention=attention,
-                                checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
-                                lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
-                                cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
-                                micro_batches=args.micro_batches, pp_schedule=args.pp_schedule)
+            attention = "eager" if cfg is not None and cfg.model_type == "gemma2" else "sdpa"
+        setup = _training_setup(args, attention)
+        est = estimate_training(cfg, setup, params=args.params)
         data = est.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in est.settings.items())
@@ -205,9 +183,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return data, text
     if args.command == "infer":
         from .core.estimate import estimate_inference
+        from .core.setup import InferenceSetup
 
-        inf = estimate_inference(args.model, batch_size=args.batch, seq_len=args.seq, weights=args.weights,
-                                 kv_dtype=args.kv_dtype)
+        inf = estimate_inference(args.model, InferenceSetup(batch_size=args.batch, seq_len=args.seq,
+                                                            weights=args.weights, kv_dtype=args.kv_dtype))
         data = inf.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in inf.settings.items())
@@ -262,6 +241,18 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")
+
+
+def _training_setup(args: argparse.Namespace, attention: str) -> Any:
+    """The :class:`memlib.core.setup.TrainingSetup` of ``memlib train``, built (and validated) once."""
+    from .core.setup import TrainingSetup
+
+    return TrainingSetup(batch_size=args.batch, seq_len=args.seq, precision=args.precision, optimizer=args.optimizer,
+                         zero_stage=args.zero, num_gpus=args.gpus, recompute=args.recompute, attention=attention,
+                         checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
+                         lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
+                         cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
+                         micro_batches=args.micro_batches, pp_schedule=args.pp_schedule)
 
 
 def _plan_text(result: Any) -> str:

@@ -1,9 +1,13 @@
 """Training and inference memory estimates from a config: pure Python, no torch (Chapter 1).
 
 Model states follow the ZeRO paper's accounting (Rajbhandari et al. 2020, §3 and §5). Activations are
-derived for the architecture configured — what each op of the transformers implementation saves for the
-backward pass (gated MLP, RMSNorm with its fp32 upcast, grouped-query attention, fp32 softmax in eager
-attention, the fp32 upcast of the logits in the loss) — and checked against :mod:`memlib.measure.trace`.
+derived for the architecture configured (:mod:`memlib.core.activations`, re-exported here) and checked
+against :mod:`memlib.measure.trace`.
+
+:func:`estimate_training` composes one short function per term, each with its formula and source:
+:func:`model_state_bytes`, :func:`shard_states`, :func:`zero3_gathered_bytes`, :func:`offload_split`,
+:func:`saved_activations`, :func:`backward_peak_bytes` and :func:`optimizer_step_bytes`. They trust their
+:class:`memlib.core.setup.TrainingSetup`, which validated the settings once.
 """
 from __future__ import annotations
 
@@ -11,17 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import families_dense
-
 from . import families_moe
-from .attention_terms import gqa_attention_terms
+from .activations import ActivationTerm, _activation_terms, _sum_terms, activation_terms, korthikanti_activation_bytes
+from .choices import ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
 from .categories import estimate_by_category
+from .checkpointing import segment_layers
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .lora import (LORA_TARGETS, METHODS, lora_params, lora_small_tensor_params, qlora_base_bytes,
-                   quantized_weight_bytes, targeted_linears)
+from .lora import lora_params, lora_small_tensor_params, qlora_base_bytes, quantized_weight_bytes, targeted_linears
 from .params import count_params
+from .setup import InferenceSetup, TrainingSetup
 
 __all__ = [
     "PRECISIONS",
@@ -32,46 +36,30 @@ __all__ = [
     "METHODS",
     "LORA_TARGETS",
     "KV_DTYPES",
+    "TrainingSetup",
+    "InferenceSetup",
     "ActivationTerm",
     "TrainingEstimate",
     "InferenceEstimate",
     "state_bytes_per_param",
     "activation_terms",
+    "model_state_bytes",
+    "shard_states",
+    "zero3_gathered_bytes",
+    "offload_split",
+    "SavedActivations",
+    "saved_activations",
+    "backward_peak_bytes",
+    "optimizer_step_bytes",
     "estimate_training",
     "estimate_inference",
     "korthikanti_activation_bytes",
 ]
 
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("eager", "sdpa")
-#: What lives in CPU memory: nothing; the optimizer states (ZeRO-Offload); params too (ZeRO-3/FSDP offload).
-OFFLOAD = ("none", "optimizer", "params+optimizer")
-KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-
 # bitsandbytes 8-bit optimizers: tensors with fewer elements than this keep 32-bit states;
 # quantized states carry one fp32 absmax per block of 256 elements.
 _BNB_MIN_8BIT_SIZE = 4096
 _BNB_BLOCK = 256
-
-
-@dataclass(frozen=True)
-class ActivationTerm:
-    """One tensor kind that the forward pass saves for backward, in one transformer layer (or outside).
-
-    Attributes:
-        name: what it is (``"MLP gate output"``).
-        bytes: its size in bytes for the batch and sequence asked for.
-        formula: the size as a formula in b (batch), s (sequence), h, f, a, V...
-        per_layer: True if every layer saves one; False for a tensor saved once per model.
-    """
-
-    name: str
-    bytes: int
-    formula: str
-    per_layer: bool = True
-
 
 @dataclass(frozen=True)
 class TrainingEstimate:
@@ -141,7 +129,6 @@ class InferenceEstimate:
         """JSON-ready dict (all byte values are ints)."""
         return asdict(self)
 
-
 def state_bytes_per_param(precision: str, optimizer: str) -> tuple[float, float, float]:
     """Bytes per parameter of (weights, gradients, optimizer states) before sharding.
 
@@ -155,6 +142,11 @@ def state_bytes_per_param(precision: str, optimizer: str) -> tuple[float, float,
     """
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
+    return _state_bytes(precision, optimizer)
+
+
+def _state_bytes(precision: str, optimizer: str) -> tuple[float, float, float]:
+    """:func:`state_bytes_per_param` for values a :class:`TrainingSetup` has validated."""
     if precision == "fp32":
         w = g = 4.0
         state = 4.0
@@ -172,10 +164,9 @@ def state_bytes_per_param(precision: str, optimizer: str) -> tuple[float, float,
         return w, g, master + 2.0
     return w, g, master + moments * state
 
-
 def _optimizer_state_bytes(n_params: int, small_params: int, precision: str, optimizer: str) -> int:
     """Optimizer-state bytes for ``n_params`` parameters (``small_params`` of them in small tensors)."""
-    _, _, per_param = state_bytes_per_param(precision, optimizer)
+    _, _, per_param = _state_bytes(precision, optimizer)
     if optimizer != "adamw-8bit":
         return int(per_param * n_params)
     master = 0.0 if precision in ("fp32", "bf16") else 4.0
@@ -183,138 +174,247 @@ def _optimizer_state_bytes(n_params: int, small_params: int, precision: str, opt
     small_state = 4.0  # bitsandbytes keeps fp32 states for tensors < 4096 elements, whatever the param dtype
     return int(master * n_params + 2 * big * (1 + 4 / _BNB_BLOCK) + 2 * small_params * small_state)
 
+def model_state_bytes(cfg: ModelConfig | None, n: int, small: int, setup: TrainingSetup) -> tuple[int, int, int, int]:
+    """Weights, gradients and optimizer states of the whole model on one GPU, before any sharding.
 
-def korthikanti_activation_bytes(cfg: ModelConfig | str, batch_size: int, seq_len: int) -> int:
-    """The classic GPT formula for one layer: s·b·h·(34 + 5·a·s/h) bytes (Korthikanti et al. 2022).
-
-    Introduced in Chapter 1: 16-bit activations, 1-byte dropout masks, LayerNorm, a 4h GELU MLP, and the
-    attention scores and probabilities materialized. Shown as the reference that modern models depart from.
-    """
-    cfg = load_config(cfg)
-    s, b, h, a = seq_len, batch_size, cfg.hidden_size, cfg.num_heads
-    return int(s * b * h * 34 + 5 * a * s * s * b)
-
-
-def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1,
-                     seq_len: int = 512, precision: str = "bf16-mixed", attention: str = "sdpa",
-                     dropout: bool = True) -> list[ActivationTerm]:
-    """What the forward pass of the transformers model saves for backward, term by term.
-
-    Introduced in Chapter 1 (and taken apart in Chapter 4). Derived from the transformers implementation
-    of each family and checked against :func:`memlib.measure.trace.trace_training` in the tests.
+    Full fine-tuning, the ZeRO paper's accounting (Rajbhandari et al. 2020, §3, ``rajbhandari2020zero``):
+    Ψ parameters take w·Ψ + g·Ψ + K·Ψ bytes with (w, g, K) from :func:`state_bytes_per_param`, 2 + 2 + 12 for
+    mixed-precision Adam (fp32 master weights, m and v in K). 8-bit AdamW (Dettmers et al. 2022,
+    ``dettmers2022optimizers``; bitsandbytes ``Optimizer8bit``): m and v in 1 byte each plus one fp32 absmax per
+    block of 256 elements, 32-bit states for tensors under 4096 elements (:func:`_optimizer_state_bytes`).
+    LoRA / QLoRA (Hu et al. 2021, ``hu2021lora``; Dettmers et al. 2023, ``dettmers2023qlora``): the frozen base
+    in 16 bits (NF4 with double quantization for QLoRA, :func:`memlib.core.lora.qlora_base_bytes`) + r·(d_in +
+    d_out) fp32 adapter weights per targeted Linear with fp32 gradients and states (peft's default upcast).
 
     Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: micro-batch size b.
-        seq_len: sequence length s.
-        precision: sets the activation dtype (4 bytes for fp32, 2 otherwise).
-        attention: ``"eager"`` (scores materialized) or ``"sdpa"`` (flash kernel: output + log-sum-exp).
-        dropout: apply the config's dropout probabilities (training); False as in evaluation.
+        cfg: the model (None for ``params=N``, full fine-tuning only).
+        n: all parameters; small: those in tensors under 4096 elements.
+        setup: the validated settings.
 
     Returns:
-        The terms; ``per_layer`` ones are multiplied by the number of layers.
+        (weight bytes, gradient bytes, optimizer-state bytes, trainable parameters).
     """
-    cfg = load_config(model)
-    check_choice("precision", precision, PRECISIONS)
-    check_choice("attention", attention, ATTENTION)
-    b = check_positive("batch_size", batch_size)
-    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
-    e = 4 if precision == "fp32" else 2  # activation bytes
-    if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.core.families_moe
-        return families_moe.activation_terms_moe(cfg, b=b, s=s, e=e, attention=attention, dropout=dropout)
-    T = b * s
-    h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
-    q, kv, d = cfg.q_dim, cfg.kv_dim, cfg.head_dim
-    terms: list[ActivationTerm] = []
+    w, g, _ = _state_bytes(setup.precision, setup.optimizer)
+    if setup.method == "full":
+        return int(w * n), int(g * n), _optimizer_state_bytes(n, small, setup.precision, setup.optimizer), n
+    assert cfg is not None
+    n_train = lora_params(cfg, setup.lora_rank, setup.lora_targets)
+    base = qlora_base_bytes(cfg) if setup.method == "qlora" else int(w * n)
+    small_train = lora_small_tensor_params(cfg, setup.lora_rank, setup.lora_targets)
+    return (base + 4 * n_train, 4 * n_train, _optimizer_state_bytes(n_train, small_train, "fp32", setup.optimizer),
+            n_train)
 
-    def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
-        terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
 
-    if cfg.model_type in DENSE_FAMILIES:  # Gemma 2/3, Phi-3, GPT-NeoX, Falcon: memlib/core/families_dense.py
-        families_dense.dense_activation_terms(cfg, add, batch_size=b, seq_len=s, act_bytes=e, attention=attention,
-                                              dropout=dropout)
-        return terms
+def shard_states(p_bytes: int, g_bytes: int, o_bytes: int, setup: TrainingSetup) -> tuple[int, int, int]:
+    """ZeRO's partitioning over N_d data-parallel GPUs (Rajbhandari et al. 2020, §5, ``rajbhandari2020zero``).
 
-    if cfg.model_type == "gpt2":
-        p_attn = cfg.attn_dropout if dropout else 0.0
-        p_resid = cfg.resid_dropout if dropout else 0.0
-        add("LayerNorm inputs (residual stream) ×2", 2 * e * T * h, f"2·{e}·bsh")
-        add("LayerNorm outputs ×2", 2 * e * T * h, f"2·{e}·bsh")
-        add("LayerNorm mean and rstd (fp32) ×2", 2 * 8 * T, "2·8·bs")
-        if attention == "sdpa":
-            add("q, k, v (fused c_attn output)", e * T * 3 * h, f"{e}·3bsh")
-            add("attention output", e * T * h, f"{e}·bsh")
-            add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
-        else:
-            add("q, k, v contiguous copies", 3 * e * T * h, f"3·{e}·bsh")
-            add("softmax probabilities", e * b * a * s * s, f"{e}·bas²")
-            if p_attn > 0:
-                add("attention dropout mask (bool)", b * a * s * s, "bas²")
-                add("attention dropout output", e * b * a * s * s, f"{e}·bas²")
-            add("attention output (contiguous, c_proj input)", e * T * h, f"{e}·bsh")
-        if p_resid > 0:
-            add("residual dropout masks (bool) ×2", 2 * T * h, "2·bsh")
-        add("MLP c_fc output and gelu_new intermediates ×5", 5 * e * T * f, f"5·{e}·bsf")
-        if dropout and cfg.embd_dropout > 0:
-            add("embedding dropout mask (bool)", T * h, "bsh", per_layer=False)
-        add("final LayerNorm input, output", 2 * e * T * h, f"2·{e}·bsh", per_layer=False)
-        add("final LayerNorm mean and rstd", 8 * T, "8·bs", per_layer=False)
-    elif cfg.model_type == "olmo2":
-        # OLMo 2 normalizes after attention and after the MLP (the residual stream itself feeds q/k/v and the MLP),
-        # and its RMSNorms multiply by the weight in fp32: each keeps its fp32 input, the fp32 normalized tensor
-        # and the rsqrt. q_norm and k_norm normalize all heads together before rotary.
-        add("q/k/v and MLP inputs (residual stream) ×2", 2 * e * T * h, f"2·{e}·bsh")
-        add("post-norms: fp32 inputs and normalized ×2", 2 * 8 * T * h, "2·8·bsh")
-        add("post-norms: rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
-        add("q_norm, k_norm: fp32 inputs and normalized, rsqrt", 8 * T * (q + kv) + 2 * 4 * T,
-            "8·bs(a + a_kv)·d + 2·4·bs")
+    Stage 1 (P_os) keeps ⌈O / N_d⌉ bytes of optimizer states per GPU, stage 2 (P_os+g) also ⌈G / N_d⌉ of the
+    gradients, stage 3 (P_os+g+p) also ⌈P / N_d⌉ of the weights; stage 0 replicates everything.
+
+    Returns:
+        (weight bytes, gradient bytes, optimizer-state bytes) per GPU.
+    """
+    n, z = setup.num_gpus, setup.zero_stage
+    return (-(-p_bytes // n) if z >= 3 else p_bytes, -(-g_bytes // n) if z >= 2 else g_bytes,
+            -(-o_bytes // n) if z >= 1 else o_bytes)
+
+
+def zero3_gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n: int, n_train: int,
+                         setup: TrainingSetup) -> tuple[int, int]:
+    """The full-size weights and gradients ZeRO-3 materializes on every GPU while computing a layer.
+
+    ZeRO-3 all-gathers each module's weights before computing it and prefetches the next (DeepSpeed's
+    ``deepspeed/runtime/zero/partitioned_param_coordinator.py``); a module's gradients are whole until
+    reduce-scattered. With U the largest unit (a decoder layer or the V·h embedding; DeepSpeed's
+    ``estimate_zero3_model_states_mem_needs`` uses the largest layer too) and w the base weight bytes per
+    parameter: gathered weights = 2·w·U, gathered gradients = g·U (full fine-tuning only: LoRA's frozen base
+    has none).
+
+    Args:
+        cfg: the model (None for ``params=N``); layer_params: the parameters of one decoder layer.
+        p_sharded: the weight bytes per GPU after sharding; n, n_train: all and trainable parameters.
+        setup: the validated settings.
+
+    Returns:
+        (gathered weight bytes, gathered gradient bytes); (0, 0) below stage 3 or without a model.
+    """
+    if setup.zero_stage != 3 or cfg is None:
+        return 0, 0
+    full = setup.method == "full"
+    biggest = max(layer_params, cfg.vocab_size * cfg.hidden_size)
+    base_per_param = (p_sharded * setup.num_gpus - 4 * (0 if full else n_train)) / n
+    g = _state_bytes(setup.precision, setup.optimizer)[1]
+    return int(2 * base_per_param * biggest), int(g * biggest) if full else 0
+
+
+def offload_split(p_bytes: int, g_bytes: int, o_bytes: int, n_train: int,
+                  setup: TrainingSetup) -> tuple[int, int, int, int]:
+    """What moves to host memory with CPU offload, and what the GPU keeps (Chapter 7).
+
+    ZeRO-Offload (Ren et al. 2021, §4, ``ren2021zerooffload``): the optimizer states (fp32 master weights
+    included) and fp32 gradients, 4·Ψ_train / N_d bytes, live in CPU memory and the step runs there; the GPU
+    keeps the 16-bit weights and gradients. With ZeRO-2 DeepSpeed streams each gradient to the host through
+    one reduce bucket (``reduce_bucket_size`` = 5·10⁸ elements): the GPU holds at most g·5·10⁸ bytes of them.
+    Parameter offload (ZeRO-Infinity, Rajbhandari et al. 2021, ``rajbhandari2021zeroinfinity``; FSDP2
+    ``CPUOffloadPolicy``): the weight shards move to the host too and the GPU holds only gathered layers.
+
+    Returns:
+        (weight bytes, gradient bytes, optimizer-state bytes) on the GPU and the CPU bytes.
+    """
+    if setup.offload == "none":
+        return p_bytes, g_bytes, o_bytes, 0
+    cpu_bytes = o_bytes + -(-4 * n_train // setup.shards)
+    if setup.offload == "optimizer" and setup.zero_stage == 2 and setup.method == "full":
+        g_bytes = min(g_bytes, int(_state_bytes(setup.precision, setup.optimizer)[1] * 500_000_000))
+    if setup.offload == "params+optimizer":
+        cpu_bytes += p_bytes
+        p_bytes = 0
+        g_bytes = 0 if setup.method == "full" else g_bytes
+    return p_bytes, g_bytes, 0, cpu_bytes
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """What the forward pass leaves for the backward pass (see :func:`saved_activations`).
+
+    Attributes:
+        terms: the per-tensor terms (:func:`activation_terms`).
+        bytes: saved at the end of the forward pass, all layers and the tensors outside them.
+        live_layer: re-materialized during backward by recomputation (one segment, or the attention core).
+        segment: layers per checkpointed segment (``checkpoint_every`` capped at the layer count).
+    """
+
+    terms: list[ActivationTerm]
+    bytes: int
+    live_layer: int
+    segment: int
+
+
+def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivations:
+    """Bytes saved for backward, under the recomputation chosen (Korthikanti et al. 2022, ``korthikanti2022reducing``).
+
+    Without recomputation: L × (one layer's terms) + the terms outside the layers, the terms derived from the
+    transformers implementation (:func:`activation_terms`). Selective recomputation drops the attention core
+    (scores, probabilities, dropout, log-sum-exp: Korthikanti's 5as/h term) and recomputes it one layer at a
+    time. Full recomputation keeps each segment's input, ⌈L/k⌉ · e·b·s·h, and re-materializes k layers
+    during backward (Chen et al. 2016's segments; k = 1 is transformers' ``gradient_checkpointing_enable()``).
+    LoRA (peft, ``lora_dropout=0``; measured in Chapter 9): frozen weights drop what only their weight
+    gradients needed (the RMSNorms' outputs, the MLP product, the final RMSNorm), and every adapted Linear
+    adds an fp32 copy of its input and lora_A's rank-r output.
+
+    Raises:
+        MemlibError: LoRA/QLoRA for a family whose LoRA terms memlib has not derived.
+    """
+    b, s, e = setup.batch_size, setup.seq_len, setup.act_bytes
+    terms = _activation_terms(cfg, b, s, e, setup.attention, True)
+    per_layer, outside = _sum_terms(terms)
+    L, h, f, T, method = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, b * s, setup.method
+    if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
+        raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
+                          f"{cfg.model_type}; expected method 'full' (or trace a LoRA step: memlib.core.lora)")
+    if method != "full" and cfg.model_type != "gpt2":
+        by_name = {t.name: t.bytes for t in terms}
+        adapters = sum(4 * T * i + 4 * T * setup.lora_rank for _, i, _ in targeted_linears(cfg, setup.lora_targets))
+        per_layer += adapters - by_name["RMSNorm normalized and weighted outputs ×2"] - e * T * f
+        outside -= by_name["final RMSNorm"]
+    k_seg = setup.checkpoint_every
+    if setup.recompute == "full":
+        n_kept, k_seg = segment_layers(L, k_seg, clamp=True)  # Chapter 4's one segment formula, k capped at L
+        saved_layers = n_kept * e * T * h  # each segment's input
+        live_layer = k_seg * per_layer  # one segment re-materialized during backward
+    elif setup.recompute == "selective":
+        core = sum(t.bytes for t in terms if t.per_layer and ("softmax" in t.name or "attention dropout" in t.name
+                                                             or "log-sum-exp" in t.name))
+        saved_layers = L * (per_layer - core)
+        live_layer = core
     else:
-        add("RMSNorm fp32 inputs ×2", 2 * 4 * T * h, "2·4·bsh")
-        add("RMSNorm normalized and weighted outputs ×2", 2 * 2 * e * T * h, f"2·2·{e}·bsh")
-        add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
-    if cfg.model_type != "gpt2":
-        window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
-        gqa_attention_terms(add, cfg, batch_size=b, seq_len=s, act_bytes=e, attention=attention, dropout=dropout,
-                            window=window)
-        add("MLP gate, up, activation, product", 4 * e * T * f, f"4·{e}·bsf")
-        if cfg.model_type == "olmo2":  # fp32 input and normalized, rsqrt; the cast output feeds the LM head
-            add("final RMSNorm", 8 * T * h + e * T * h + 4 * T, f"(8 + {e})·bsh + 4·bs", per_layer=False)
-        else:
-            add("final RMSNorm", 4 * T * h + 2 * e * T * h + 4 * T, f"(4 + 2·{e})·bsh + 4·bs", per_layer=False)
-        if cfg.model_type == "qwen3":
-            # Qwen3's q_norm and k_norm (RMSNorm over each head, before rotary) keep, like every RMSNorm, their fp32
-            # input, the rsqrt per head and the normalized 16-bit tensor (for the weight's gradient); their output
-            # feeds rotary, which keeps nothing of it.
-            a_kv = cfg.num_kv_heads
-            add("q_norm, k_norm: fp32 inputs, normalized, rsqrt", (4 + e) * T * (q + kv) + 4 * T * (a + a_kv),
-                f"(4 + {e})·bs(a + a_kv)·d + 4·bs(a + a_kv)")
-        if cfg.model_type == "gemma":
-            # GemmaRMSNorm multiplies in fp32: output = norm(x.float()) * (1.0 + weight.float()); the product's
-            # backward keeps the fp32 normalized tensor (4 bytes, not the 16-bit copy counted above) and the fp32
-            # (1 + w); the output is cast back to the activation dtype.
-            extra = (4 - e) * T * h + 4 * h
-            add("Gemma RMSNorm fp32 normalized and (1 + w) ×2", 2 * extra, f"2·((4 − {e})·bsh + 4h)")
-            add("Gemma final RMSNorm fp32 normalized and (1 + w)", extra, f"(4 − {e})·bsh + 4h", per_layer=False)
-        add("rotary cos, sin", 2 * e * s * d, f"2·{e}·s·d", per_layer=False)
-    add("log-softmax of the fp32 logits", 4 * T * V, "4·bsV", per_layer=False)
-    add("input ids and labels", 16 * T, "16·bs", per_layer=False)
-    return terms
+        saved_layers = L * per_layer
+        live_layer = 0
+    return SavedActivations(terms, saved_layers + outside, live_layer, k_seg)
 
 
-def _sum_terms(terms: list[ActivationTerm]) -> tuple[int, int]:
-    per_layer = sum(t.bytes for t in terms if t.per_layer)
-    outside = sum(t.bytes for t in terms if not t.per_layer)
-    return per_layer, outside
+def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActivations, g_bytes: int, n: int,
+                        n_train: int, layer_params: int) -> int:
+    """Bytes on top of the weights and optimizer states at the backward pass's peak (Chapters 1 and 4).
+
+    The backward pass starts with the loss temporaries and sweeps the layers, gradients accumulating while
+    activations are freed; the peak is the largest of four moments (A = saved activations, e = activation
+    bytes, T = b·s tokens, G = all gradients):
+
+    * loss backward: A + 2·4·T·V (the log-softmax's gradient and the fp32 logits' gradient);
+    * LM-head backward: A − 4TV + e·T·V + e·T·h + the V·h weight gradient;
+    * the top layer's backward: A − 4TV + the embedding/head gradients + the re-materialized segment + the
+      MLP's backward temporaries, 3·e·T·f + 2·e·T·h (≈ (2e + 1)·b·a·s² for a recomputed eager attention core,
+      measured in Chapter 4);
+    * the end: G (less the k − 1 layers of the bottom segment without gradients yet) + a tied embedding's
+      out-of-place gradient sum + the live segment.
+
+    MoE models without recomputation add the bottom layers' expert backward
+    (:func:`memlib.core.families_moe.bottom_backward_bytes`). LoRA freezes the embedding and the head.
+    """
+    b, s, e, full = setup.batch_size, setup.seq_len, setup.act_bytes, setup.method == "full"
+    L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
+    activations, live_layer, k_seg = acts.bytes, acts.live_layer, acts.segment
+    g_per_param = g_bytes / n_train
+    grad_per_layer = int(g_per_param * layer_params) if full else g_bytes // L
+    head_grad = int(g_per_param * (n - L * layer_params)) if full else 0
+    vh_grad = int(g_per_param * V * h) if full else 0
+    mlp_temp = 3 * e * T * f + 2 * e * T * h
+    if setup.attention == "eager" and setup.recompute != "none":
+        mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
+    logsm = 4 * T * V
+    candidates = [
+        activations + 2 * logsm,
+        activations - logsm + e * T * V + e * T * h + vh_grad,
+        activations - logsm + head_grad + live_layer + mlp_temp,
+        g_bytes - (k_seg - 1) * grad_per_layer + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
+    ]
+    if (cfg.moe is not None or cfg.mla is not None) and setup.recompute == "none" and full:
+        candidates.append(families_moe.bottom_backward_bytes(cfg, acts.terms, g_bytes, g_per_param, b=b, s=s,
+                                                             attention=setup.attention))
+    return max(candidates)
 
 
-def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = None, *,
-                      params: int | None = None, batch_size: int = 1, seq_len: int = 512,
-                      precision: str = "bf16-mixed", optimizer: str = "adamw", zero_stage: int = 0,
-                      num_gpus: int = 1, recompute: str = "none", attention: str = "sdpa",
-                      checkpoint_every: int = 1, offload: str = "none", method: str = "full",
-                      lora_rank: int = 16, lora_targets: str = "all-linear", tp: int = 1, pp: int = 1,
-                      cp: int = 1, ep: int = 1, sequence_parallel: bool = False, micro_batches: int = 1,
-                      pp_schedule: str = "1f1b") -> TrainingEstimate:
+def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n: int, n_train: int) -> int:
+    """Temporaries of the optimizer step, on top of the states and all gradients.
+
+    ``torch.optim.AdamW``'s foreach path (``torch/optim/adam.py``, ``_multi_tensor_adam``:
+    ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``) allocates one buffer the size of all of v:
+    2·Ψ in pure bf16, 4·Ψ in fp32 (÷ N_d with ZeRO), 4·Ψ_train for LoRA's fp32 adapters. The mixed-precision
+    step goes one tensor at a time: a tensor's 16-bit gradient becomes an fp32 gradient (plus an fp32 sqrt
+    buffer for AdamW: 8 bytes per element, 4 otherwise) and is then freed; the embedding comes first, so the
+    peak is at it or at the largest tensor after it. With offload the step runs on the CPU: 0.
+    """
+    full, optimizer, n_gpus = setup.method == "full", setup.optimizer, setup.num_gpus
+    if setup.offload != "none":
+        return 0
+    if not full:
+        step_temp = 4 * n_train if optimizer == "adamw" else 0
+        return -(-step_temp // n_gpus) if setup.zero_stage >= 1 else step_temp
+    if setup.precision.endswith("-mixed"):
+        h, f, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+        per_elem = 8 if optimizer == "adamw" else 4
+        n_embed = V * h
+        n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
+                 else max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
+        g_elem = g_bytes / n
+        return int(max((per_elem - g_elem) * n_embed, (per_elem - g_elem) * n_max - g_elem * n_embed))
+    if optimizer == "adamw":
+        step_temp = int((4 if setup.precision == "fp32" else 2) * n)
+        return -(-step_temp // n_gpus) if setup.zero_stage >= 1 else step_temp
+    return 0
+
+
+def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = None,
+                      setup: TrainingSetup | None = None, *, params: int | None = None,
+                      batch_size: int | None = None, seq_len: int | None = None, precision: str | None = None,
+                      optimizer: str | None = None, zero_stage: int | None = None, num_gpus: int | None = None,
+                      recompute: str | None = None, attention: str | None = None,
+                      checkpoint_every: int | None = None, offload: str | None = None, method: str | None = None,
+                      lora_rank: int | None = None, lora_targets: str | None = None, tp: int | None = None,
+                      pp: int | None = None, cp: int | None = None, ep: int | None = None,
+                      sequence_parallel: bool | None = None, micro_batches: int | None = None,
+                      pp_schedule: str | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the ZeRO paper (§5): stage 1 shards optimizer states,
@@ -324,8 +424,16 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     states + all gradients + the step's temporaries (``torch.optim.AdamW``'s foreach path allocates one
     full-size buffer for sqrt(v)).
 
+    Call it with a setup, ``estimate_training("llama-2-7b", TrainingSetup(batch_size=4, zero_stage=3,
+    num_gpus=8))``, or with the setup's fields as keywords (``estimate_training("llama-2-7b", batch_size=4)``),
+    which build the :class:`memlib.core.setup.TrainingSetup` (a keyword left out takes the setup's default).
+    The peak is composed from the per-term functions of this module, in this order: model states, ZeRO
+    sharding, ZeRO-3's gathered layers, the offload split, saved activations, the backward peak and the
+    optimizer-step peak.
+
     Args:
         model: shipped name, config.json path, dict or ModelConfig; or None with ``params``.
+        setup: the settings; None to build them from the keywords below (not both).
         params: parameter count, for model states only (activations are then None).
         batch_size: micro-batch size per GPU.
         seq_len: sequence length.
@@ -358,7 +466,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         The estimate, bytes per GPU (and ``cpu_bytes`` of host memory with offload).
 
     Raises:
-        MemlibError: for bad input (message names the value and the choices), including a ``seq_len`` above
+        MemlibError: a setup and keyword settings both given; for bad input (message names the value and the
+            choices), including a ``seq_len`` above
             the model's maximum positions (:func:`memlib.core.configs.check_seq_len`).
 
     Limitations:
@@ -368,206 +477,103 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
         side of offload omits DeepSpeed's pinned buffers.
     """
-    check_choice("precision", precision, PRECISIONS)
-    check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_choice("zero stage", zero_stage, (0, 1, 2, 3))
-    if (tp, pp, cp, ep, sequence_parallel, micro_batches, pp_schedule) != (1, 1, 1, 1, False, 1, "1f1b"):
-        from .parallel import check_layout, estimate_parallel
-
-        pcfg = None if model is None else load_config(model)
-        layout = check_layout(pcfg, num_gpus, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
-                              micro_batches=micro_batches, schedule=pp_schedule, seq_len=seq_len)
-        return estimate_parallel(pcfg, layout, params=params, batch_size=batch_size, seq_len=seq_len,
-                                 precision=precision, optimizer=optimizer, zero_stage=zero_stage,
-                                 recompute=recompute, attention=attention, offload=offload, method=method)
-    check_choice("recompute", recompute, RECOMPUTE)
-    check_choice("attention", attention, ATTENTION)
-    check_choice("offload", offload, OFFLOAD)
-    check_choice("method", method, METHODS)
-    check_choice("lora targets", lora_targets, LORA_TARGETS)
-    n_gpus = check_positive("num_gpus", num_gpus)
-    b = check_positive("batch_size", batch_size)
-    s = check_positive("seq_len", seq_len)
-    k_seg = check_positive("checkpoint_every", checkpoint_every)
-    rank = check_positive("lora rank", lora_rank)
-    if k_seg != 1 and recompute != "full":
-        raise MemlibError(f"checkpoint_every={k_seg} needs recompute='full' (got recompute={recompute!r})")
-    if offload == "params+optimizer" and zero_stage != 3:
-        raise MemlibError(f"offload 'params+optimizer' needs zero_stage 3 (got zero_stage={zero_stage}); "
-                          "use offload 'optimizer' with stages 0-2")
-    settings: dict[str, Any] = {"batch_size": b, "seq_len": s, "precision": precision, "optimizer": optimizer,
-                                "zero_stage": zero_stage, "num_gpus": n_gpus, "recompute": recompute,
-                                "attention": attention, "checkpoint_every": k_seg, "offload": offload,
-                                "method": method}
-    if method != "full":
-        settings.update(lora_rank=rank, lora_targets=lora_targets)
-    if model is None:
-        if params is None:
-            raise MemlibError("give a model (shipped name or config.json) or params=N")
-        if method != "full":
-            raise MemlibError(f"method {method!r} needs a model (shipped name or config.json), not params=N")
-        n = check_positive("params", params)
-        small = 0
-        cfg = None
-    else:
-        if params is not None:
-            raise MemlibError("give either a model or params=N, not both")
-        cfg = load_config(model)
-        check_seq_len(cfg, s)
-        if cfg.moe is not None or cfg.mla is not None:
-            families_moe.check_lora(cfg, method)
-        pc = count_params(cfg)
-        n, small = pc.params, pc.small_tensor_params
-        settings["model"] = cfg.name
-    settings["params"] = n
-    w, g, _ = state_bytes_per_param(precision, optimizer)
-    if method == "full":
-        n_train = n
-        p_bytes = int(w * n)
-        g_bytes = int(g * n)
-        o_bytes = _optimizer_state_bytes(n, small, precision, optimizer)
-    else:
-        assert cfg is not None
-        n_train = lora_params(cfg, rank, lora_targets)
-        base = qlora_base_bytes(cfg) if method == "qlora" else int(w * n)
-        p_bytes = base + 4 * n_train  # fp32 adapters
-        g_bytes = 4 * n_train
-        o_bytes = _optimizer_state_bytes(n_train, lora_small_tensor_params(cfg, rank, lora_targets), "fp32",
-                                         optimizer)
-    settings["trainable_params"] = n_train
-    if zero_stage >= 1:
-        o_bytes = -(-o_bytes // n_gpus)
-    if zero_stage >= 2:
-        g_bytes = -(-g_bytes // n_gpus)
-    if zero_stage >= 3:
-        p_bytes = -(-p_bytes // n_gpus)
-
-    # ZeRO-3 gathers each layer's full weights to compute it: the layer being computed and the next one
-    # (prefetch) are whole on every GPU, and one layer's gradients are whole until reduce-scattered.
-    gathered_p = gathered_g = 0
-    if zero_stage == 3 and cfg is not None:
-        biggest = max(count_params(cfg).per_layer, cfg.vocab_size * cfg.hidden_size)
-        base_per_param = (p_bytes * n_gpus - 4 * (n_train if method != "full" else 0)) / n
-        gathered_p = int(2 * base_per_param * biggest)
-        gathered_g = int(g * biggest) if method == "full" else 0
-
-    # Offload: what moves to host memory, and what the GPU keeps.
-    cpu_bytes = 0
-    if offload != "none":
-        fp32_grads = -(-4 * n_train // (n_gpus if zero_stage >= 1 else 1))
-        cpu_bytes = o_bytes + fp32_grads
-        o_bytes = 0
-        if offload == "optimizer" and zero_stage == 2 and method == "full":
-            # DeepSpeed's ZeRO-2 offload streams each gradient into the host's fp32 buffer as the backward pass
-            # produces it, through one reduce bucket (reduce_bucket_size = 5e8 elements by default): the GPU never
-            # holds the gradient shard (ZeRO-Offload §4; DeepSpeed's estimator counts 2Ψ on the GPU).
-            g_bytes = min(g_bytes, int(g * 500_000_000))
-        if offload == "params+optimizer":
-            cpu_bytes += p_bytes
-            p_bytes = 0  # the shards live in CPU memory; only the gathered layers are on the GPU
-            g_bytes = 0 if method == "full" else g_bytes
+    setup = _training_setup(setup, dict(
+        batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
+        num_gpus=num_gpus, recompute=recompute, attention=attention, checkpoint_every=checkpoint_every,
+        offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
+        sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule))
+    if setup.model_parallel:
+        return _estimate_model_parallel(model, params, setup)
+    cfg, n, small, layer_params = _model_size(model, params, setup)
+    p_bytes, g_bytes, o_bytes, n_train = model_state_bytes(cfg, n, small, setup)
+    p_bytes, g_bytes, o_bytes = shard_states(p_bytes, g_bytes, o_bytes, setup)
+    gathered_p, gathered_g = zero3_gathered_bytes(cfg, layer_params, p_bytes, n, n_train, setup)
+    p_bytes, g_bytes, o_bytes, cpu_bytes = offload_split(p_bytes, g_bytes, o_bytes, n_train, setup)
     p_bytes += gathered_p
     g_bytes += gathered_g
-    states = p_bytes + g_bytes + o_bytes
+    settings = _echo(setup, cfg, n, n_train)
     if cfg is None:
-        return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, states, "states", settings, cpu_bytes)
-
-    terms = activation_terms(cfg, batch_size=b, seq_len=s, precision=precision, attention=attention)
-    per_layer, outside = _sum_terms(terms)
-    L, h, V, f = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
-    e = 4 if precision == "fp32" else 2
-    T = b * s
-    if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
-        raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
-                          f"{cfg.model_type}; expected method 'full' (or trace a LoRA step: memlib.core.lora)")
-    if method != "full" and cfg.model_type != "gpt2":
-        # LoRA (peft, lora_dropout=0; measured in Chapter 9): frozen weights drop what only their weight
-        # gradients needed — the RMSNorms' normalized and weighted outputs, the MLP product feeding down_proj,
-        # the final RMSNorm's tensors — and every adapted Linear adds an fp32 copy of its input (peft casts x
-        # to the adapter's dtype) and lora_A's rank-r output.
-        by_name = {t.name: t.bytes for t in terms}
-        adapters = sum(4 * T * i + 4 * T * rank for _, i, _ in targeted_linears(cfg, lora_targets))
-        per_layer += adapters - by_name["RMSNorm normalized and weighted outputs ×2"] - e * T * f
-        outside -= by_name["final RMSNorm"]
-    layer_input = e * T * h  # what full recomputation keeps per layer
-    if recompute == "full":
-        k_seg = min(k_seg, L)
-        saved_layers = -(-L // k_seg) * layer_input
-        live_layer = k_seg * per_layer  # one segment re-materialized during backward
-    elif recompute == "selective":
-        core = sum(t.bytes for t in terms if t.per_layer and ("softmax" in t.name or "attention dropout" in t.name
-                                                             or "log-sum-exp" in t.name))
-        saved_layers = L * (per_layer - core)
-        live_layer = core
-    else:
-        saved_layers = L * per_layer
-        live_layer = 0
-    activations = saved_layers + outside
-
-    # Backward: starts with the loss temporaries (grad of log-softmax and of the logits in fp32, the
-    # 16-bit logits gradient), then sweeps the layers: gradients accumulate, activations are freed.
-    # With LoRA the embeddings and LM head are frozen: no gradient for them.
-    full = method == "full"
-    grad_total = g_bytes
-    g_per_param = g_bytes / n_train
-    layer_params = count_params(cfg).per_layer
-    grad_per_layer = int(g_per_param * layer_params) if full else g_bytes // L
-    head_grad = int(g_per_param * (n - L * layer_params)) if full else 0
-    vh_grad = int(g_per_param * V * h) if full else 0
-    mlp_temp = 3 * e * T * f + 2 * e * T * h
-    if attention == "eager" and recompute != "none":
-        # the backward of a re-materialized eager attention core holds s²-sized temporaries (the probabilities'
-        # gradient and the softmax backward): ≈ 5·b·a·s² bytes in 16-bit training, measured in Chapter 4
-        mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
-    logsm = 4 * T * V
-    candidates = [
-        activations + 2 * logsm,  # loss backward: grad of log-softmax + fp32 logits gradient
-        activations - logsm + e * T * V + e * T * h + vh_grad,  # LM-head backward
-        activations - logsm + head_grad + live_layer + mlp_temp,  # first layer's backward
-        # embedding backward, the end; a tied matrix adds its embedding gradient out of place (old + new + sum)
-        # (with k-layer segments, the bottom segment's other k - 1 layers have no gradients yet)
-        grad_total - (k_seg - 1) * grad_per_layer + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
-    ]
-    if (cfg.moe is not None or cfg.mla is not None) and recompute == "none" and full:
-        candidates.append(families_moe.bottom_backward_bytes(cfg, terms, grad_total, g_per_param, b=b, s=s,
-                                                             attention=attention))
-    backward_extra = max(candidates)
+        return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, p_bytes + g_bytes + o_bytes, "states",
+                                settings, cpu_bytes)
+    acts = saved_activations(cfg, setup)
+    backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
+    step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train)
     backward_peak = p_bytes + o_bytes + backward_extra
-
-    # Optimizer step: all gradients exist. torch.optim.AdamW's foreach path allocates one buffer the size
-    # of all of v (for sqrt(v)). The mixed-precision step goes one tensor at a time: a tensor's 16-bit
-    # gradient becomes an fp32 gradient (plus an fp32 sqrt buffer for AdamW) and is then freed; the
-    # embedding comes first, so the peak is at it or at the largest tensor after it. With offload the
-    # step runs on the CPU; LoRA adapters are fp32 and take the plain foreach path.
-    step_temp = 0
-    if offload != "none":
-        step_temp = 0
-    elif not full:
-        step_temp = 4 * n_train if optimizer == "adamw" else 0
-        if zero_stage >= 1:
-            step_temp = -(-step_temp // n_gpus)
-    elif precision.endswith("-mixed"):
-        per_elem = 8 if optimizer == "adamw" else 4
-        n_embed = V * h
-        n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
-                 else max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
-        g_elem = grad_total / n
-        step_temp = int(max((per_elem - g_elem) * n_embed, (per_elem - g_elem) * n_max - g_elem * n_embed))
-    elif optimizer == "adamw":
-        step_temp = int((4 if precision == "fp32" else 2) * n)
-        if zero_stage >= 1:
-            step_temp = -(-step_temp // n_gpus)
-    optimizer_peak = p_bytes + o_bytes + grad_total + step_temp
+    optimizer_peak = p_bytes + o_bytes + g_bytes + step_temp
     if optimizer_peak > backward_peak:
         total, phase, temp = optimizer_peak, "optimizer", step_temp
     else:
-        total, phase, temp = backward_peak, "backward", backward_extra - activations
-    return TrainingEstimate(p_bytes, g_bytes, o_bytes, activations, max(temp, 0), total, phase, settings,
+        total, phase, temp = backward_peak, "backward", backward_extra - acts.bytes
+    return TrainingEstimate(p_bytes, g_bytes, o_bytes, acts.bytes, max(temp, 0), total, phase, settings,
                             cpu_bytes)
 
 
-def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1,
-                       seq_len: int = 2048, weights: str = "fp16", kv_dtype: str = "fp16") -> InferenceEstimate:
+def _training_setup(setup: TrainingSetup | None, given: dict[str, Any]) -> TrainingSetup:
+    """The setup passed, or one built from the keyword settings that were given (not None)."""
+    kw = {k: v for k, v in given.items() if v is not None}
+    if setup is None:
+        return TrainingSetup(**kw)
+    if not isinstance(setup, TrainingSetup):
+        raise MemlibError(f"invalid setup {setup!r}; expected a TrainingSetup")
+    if kw:
+        raise MemlibError(f"give a TrainingSetup or keyword settings, not both (got {', '.join(kw)})")
+    return setup
+
+
+def _model_size(model: str | Path | dict[str, Any] | ModelConfig | None, params: int | None,
+                setup: TrainingSetup) -> tuple[ModelConfig | None, int, int, int]:
+    """(config or None, parameters, those in tensors under 4096 elements, one layer's); checks the model and setup."""
+    if model is None:
+        if params is None:
+            raise MemlibError("give a model (shipped name or config.json) or params=N")
+        if setup.method != "full":
+            raise MemlibError(f"method {setup.method!r} needs a model (shipped name or config.json), not params=N")
+        return None, check_positive("params", params), 0, 0
+    if params is not None:
+        raise MemlibError("give either a model or params=N, not both")
+    cfg = load_config(model)
+    check_seq_len(cfg, setup.seq_len)
+    if cfg.moe is not None or cfg.mla is not None:
+        families_moe.check_lora(cfg, setup.method)
+    pc = count_params(cfg)
+    return cfg, pc.params, pc.small_tensor_params, pc.per_layer
+
+
+def _echo(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train: int) -> dict[str, Any]:
+    """The settings echoed in :attr:`TrainingEstimate.settings`."""
+    settings: dict[str, Any] = {
+        "batch_size": setup.batch_size, "seq_len": setup.seq_len, "precision": setup.precision,
+        "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
+        "recompute": setup.recompute, "attention": setup.attention, "checkpoint_every": setup.checkpoint_every,
+        "offload": setup.offload, "method": setup.method}
+    if setup.method != "full":
+        settings.update(lora_rank=setup.lora_rank, lora_targets=setup.lora_targets)
+    if cfg is not None:
+        settings["model"] = cfg.name
+    settings["params"] = n
+    settings["trainable_params"] = n_train
+    return settings
+
+
+def _estimate_model_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, params: int | None,
+                             setup: TrainingSetup) -> TrainingEstimate:
+    """The worst rank under tensor/pipeline/context/expert parallelism (:func:`memlib.core.parallel.estimate_parallel`)."""
+    from .parallel import check_layout, estimate_parallel
+
+    cfg = None if model is None else load_config(model)
+    layout = check_layout(cfg, setup.num_gpus, tp=setup.tp, pp=setup.pp, cp=setup.cp, ep=setup.ep,
+                          sequence_parallel=setup.sequence_parallel, micro_batches=setup.micro_batches,
+                          schedule=setup.pp_schedule, seq_len=setup.seq_len)
+    result: TrainingEstimate = estimate_parallel(
+        cfg, layout, params=params, batch_size=setup.batch_size, seq_len=setup.seq_len, precision=setup.precision,
+        optimizer=setup.optimizer, zero_stage=setup.zero_stage, recompute=setup.recompute,
+        attention=setup.attention, offload=setup.offload, method=setup.method)
+    return result
+
+
+def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, setup: InferenceSetup | None = None, *,
+                       batch_size: int | None = None, seq_len: int | None = None, weights: str | None = None,
+                       kv_dtype: str | None = None) -> InferenceEstimate:
     """Estimate inference memory: weights + KV cache for ``batch_size`` sequences of ``seq_len`` tokens.
 
     Introduced in Chapter 1. KV cache = 2 × layers × kv_heads × head_dim × seq_len × batch × bytes: GQA and
@@ -576,6 +582,8 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
 
     Args:
         model: shipped name, config.json path, dict or ModelConfig.
+        setup: the settings (:class:`memlib.core.setup.InferenceSetup`); None to build them from the keywords
+            below (a keyword left out takes the setup's default: batch 1, 2048 tokens, fp16, fp16).
         batch_size: concurrent sequences.
         seq_len: tokens per sequence held in the cache (prompt + generated).
         weights: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``int4`` or ``nf4``.
@@ -585,10 +593,14 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, *, batc
         The estimate in bytes.
     """
     cfg = load_config(model)
-    b = check_positive("batch_size", batch_size)
+    given: dict[str, Any] = {k: v for k, v in dict(batch_size=batch_size, seq_len=seq_len, weights=weights,
+                                                   kv_dtype=kv_dtype).items() if v is not None}
+    if setup is not None and given:
+        raise MemlibError(f"give an InferenceSetup or keyword settings, not both (got {', '.join(given)})")
+    setup = setup if setup is not None else InferenceSetup(**given)
+    b, weights, kv_dtype = setup.batch_size, setup.weights, setup.kv_dtype
     per_param = weight_bytes_per_param(weights)
-    check_choice("kv dtype", kv_dtype, KV_DTYPES)
-    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
+    s = check_seq_len(cfg, setup.seq_len)
     pc = count_params(cfg)
     if weights in ("fp32", "fp16", "bf16"):
         w_bytes = int(per_param * pc.params)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .configs import ModelConfig, load_config
+from .choices import RECOMPUTE, SCHEDULES
 from .errors import MemlibError, check_choice, check_positive
 
 __all__ = [
@@ -55,9 +56,6 @@ __all__ = [
     "comm_bytes_per_layer",
     "estimate_parallel",
 ]
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-"""Pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush), interleaved 1F1B."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +247,7 @@ def korthikanti_layer_bytes(seq_len: int, batch_size: int, hidden_size: int, num
     s, b, h, a = (check_positive(k, v) for k, v in (("seq_len", seq_len), ("batch_size", batch_size),
                                                       ("hidden_size", hidden_size), ("num_heads", num_heads)))
     t = check_positive("tp", tp)
-    check_choice("recompute", recompute, ("none", "selective", "full"))
+    check_choice("recompute", recompute, RECOMPUTE)
     core = 0 if recompute == "selective" else 5 * a * s / h
     if recompute == "full":
         return int(2 * s * b * h / (t if sequence_parallel else 1))
@@ -513,7 +511,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         activations' peak for the models of Chapter 15).
     """
     from .configs import check_seq_len
-    from .estimate import ATTENTION, RECOMPUTE, TrainingEstimate, activation_terms, estimate_training
+    from .choices import ATTENTION
+    from .estimate import TrainingEstimate, activation_terms, estimate_training
 
     check_choice("recompute", recompute, RECOMPUTE)
     check_choice("attention", attention, ATTENTION)

@@ -1,10 +1,12 @@
 """A strategy planner: the cheapest combination of memory techniques that fits the GPUs (Chapter 13)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .choices import RECOMPUTE
 from .configs import ModelConfig, load_config
 from .dtypes import GB, GiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
@@ -15,6 +17,7 @@ from .inference import (DEFAULT_CUDA_CONTEXT, DEFAULT_FRAGMENTATION, reserve_byt
 from .lora import lora_params, qlora_base_bytes
 from .params import count_params
 from .search import bisect_last
+from .setup import TrainingSetup
 
 __all__ = ["JOBS", "PRIORITY", "PlanStep", "Plan", "plan", "recompute_overhead", "DEFAULT_RESERVE",
            "DEFAULT_FRAGMENTATION", "ParallelPlan", "plan_parallel"]
@@ -108,7 +111,7 @@ def recompute_overhead(model: str | Path | dict[str, Any] | ModelConfig, seq_len
     4·s·a·d FLOPs per token and layer (causal kernels skip about half of it; not counted here).
     """
     cfg = load_config(model)
-    check_choice("recompute", recompute, ("none", "selective", "full"))
+    check_choice("recompute", recompute, RECOMPUTE)
     if recompute == "none":
         return 0.0
     if recompute == "full":
@@ -119,7 +122,7 @@ def recompute_overhead(model: str | Path | dict[str, Any] | ModelConfig, seq_len
     return core / (3 * forward)
 
 
-def _cost(technique: str, cfg: ModelConfig, kw: dict[str, Any], n_gpus: int) -> str:
+def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: int, n_gpus: int) -> str:
     n = count_params(cfg).params
     if technique == "baseline":
         return "fp32 weights and activations, eager attention (scores materialized)"
@@ -128,11 +131,11 @@ def _cost(technique: str, cfg: ModelConfig, kw: dict[str, Any], n_gpus: int) -> 
     if technique == "FlashAttention":
         return "none: faster (no s×s scores in memory)"
     if technique == "gradient accumulation":
-        k = kw["_accumulation"]
-        return f"0 extra FLOPs; micro-batch {kw['batch_size']} × {k} steps (smaller kernels, lower utilization)"
+        return (f"0 extra FLOPs; micro-batch {setup.batch_size} × {accumulation} steps (smaller kernels, lower "
+                "utilization)")
     if technique == "activation checkpointing":
-        extra = recompute_overhead(cfg, kw["seq_len"], kw["recompute"])
-        return f"{kw['recompute']} recomputation: +{100 * extra:.1f} % compute"
+        extra = recompute_overhead(cfg, setup.seq_len, setup.recompute)
+        return f"{setup.recompute} recomputation: +{100 * extra:.1f} % compute"
     if technique == "ZeRO-2":
         return f"communication unchanged (2Ψ per step, reduce-scatter + all-gather) over {n_gpus} GPUs"
     if technique == "8-bit AdamW":
@@ -143,17 +146,17 @@ def _cost(technique: str, cfg: ModelConfig, kw: dict[str, Any], n_gpus: int) -> 
         return ("no fp32 master weights (2 + 2 bytes/param for weights and grads): updates below bf16's "
                 "resolution are lost; Kahan summation or stochastic rounding recovers them")
     if technique == "LoRA / QLoRA":
-        t = lora_params(cfg, kw.get("lora_rank", 16), kw.get("lora_targets", "all-linear"))
-        kind = "QLoRA (NF4 base)" if kw["method"] == "qlora" else "LoRA"
+        t = lora_params(cfg, setup.lora_rank, setup.lora_targets)
+        kind = "QLoRA (NF4 base)" if setup.method == "qlora" else "LoRA"
         return (f"changes the job: {kind} trains {t / 1e6:,.1f} M adapter params ({100 * t / n:.2f} %), "
                 "not full fine-tuning")
     if technique == "CPU offload":
-        shard = n_gpus if kw["zero_stage"] >= 1 else 1
-        traffic = 2 * 2 * n / shard if kw["method"] == "full" else 2 * 4 * lora_params(cfg, kw["lora_rank"])
-        if kw["offload"] == "params+optimizer":  # the weights come up for forward and again for backward
-            base = qlora_base_bytes(cfg) if kw["method"] == "qlora" else 2 * n
+        shard = n_gpus if setup.zero_stage >= 1 else 1
+        traffic = 2 * 2 * n / shard if setup.method == "full" else 2 * 4 * lora_params(cfg, setup.lora_rank)
+        if setup.offload == "params+optimizer":  # the weights come up for forward and again for backward
+            base = qlora_base_bytes(cfg) if setup.method == "qlora" else 2 * n
             traffic += 2 * base / n_gpus
-        return (f"{kw['offload']} in CPU memory; ≈ {traffic / GB:,.1f} GB over PCIe per step "
+        return (f"{setup.offload} in CPU memory; ≈ {traffic / GB:,.1f} GB over PCIe per step "
                 f"(≈ {traffic / _PCIE_BYTES_PER_S:.1f} s at 25 GB/s) and the optimizer step on the CPU")
     raise AssertionError(technique)  # pragma: no cover
 
@@ -225,53 +228,53 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         return total + reserve_for(total) <= mem
 
     method = {"train": "full", "lora": "lora", "qlora": "qlora"}[job]
-    kw: dict[str, Any] = dict(batch_size=b, seq_len=s, precision="fp32", optimizer="adamw", zero_stage=0,
-                              num_gpus=n_gpus, recompute="none", attention="eager", offload="none", method=method,
-                              lora_rank=lora_rank, _accumulation=1)
+    setup = TrainingSetup(batch_size=b, seq_len=s, precision="fp32", optimizer="adamw", zero_stage=0,
+                          num_gpus=n_gpus, recompute="none", attention="eager", offload="none", method=method,
+                          lora_rank=lora_rank)
+    accumulation = 1  # micro-batches per optimizer step: setup.batch_size × accumulation = b
+    accumulate = False  # whether the gradient accumulation rung has been climbed
 
-    def est(k: dict[str, Any]) -> tuple[int, int]:
-        e = estimate_training(cfg, **{x: v for x, v in k.items() if not x.startswith("_")})
+    def est(st: TrainingSetup) -> tuple[int, int]:
+        e = estimate_training(cfg, st)
         return e.total_bytes, e.cpu_bytes
 
-    def best_micro(k: dict[str, Any]) -> dict[str, Any]:
-        """The largest micro-batch dividing the batch that fits (1 if none does)."""
-        if not k["_accumulation_on"]:
-            return k
+    def best_micro(st: TrainingSetup, acc: int) -> tuple[TrainingSetup, int]:
+        """With accumulation on: the largest micro-batch dividing the batch that fits (1 if none does)."""
+        if not accumulate:
+            return st, acc
         for m in sorted((d for d in range(1, b + 1) if b % d == 0), reverse=True):
-            trial = {**k, "batch_size": m, "_accumulation": b // m}
+            trial = replace(st, batch_size=m)
             if fits_mem(est(trial)[0]):
-                return trial
-        return {**k, "batch_size": 1, "_accumulation": b}
+                return trial, b // m
+        return replace(st, batch_size=1), b
 
-    kw["_accumulation_on"] = False
     steps: list[PlanStep] = []
 
-    def add(technique: str, k: dict[str, Any], applicable: bool = True) -> bool:
-        total, cpu = est(k)
+    def add(technique: str, st: TrainingSetup, acc: int, applicable: bool = True) -> bool:
+        total, cpu = est(st)
         fits = fits_mem(total)
-        steps.append(PlanStep(technique, _public(k), total, cpu, fits, _cost(technique, cfg, k, n_gpus), applicable,
-                              reserve_bytes=reserve_for(total)))
+        steps.append(PlanStep(technique, _public(st, acc), total, cpu, fits, _cost(technique, cfg, st, acc, n_gpus),
+                              applicable, reserve_bytes=reserve_for(total)))
         return fits
 
-    ladder = _ladder(kw, job, n_gpus, b, cfg.model_type)
     chosen_idx = None
-    if add("baseline", kw):
+    if add("baseline", setup, accumulation):
         chosen_idx = 0
     else:
-        for technique, variants in ladder:
-            applicable = bool(variants)
-            if not applicable:
+        for technique, variants in _ladder(job, n_gpus, b, cfg.model_type):
+            if not variants:
                 last = steps[-1]
-                steps.append(PlanStep(technique, _public(kw), last.per_gpu_bytes, last.cpu_bytes, last.fits,
-                                      "not applicable here", applicable=False, reserve_bytes=last.reserve_bytes))
+                steps.append(PlanStep(technique, _public(setup, accumulation), last.per_gpu_bytes, last.cpu_bytes,
+                                      last.fits, "not applicable here", applicable=False,
+                                      reserve_bytes=last.reserve_bytes))
                 continue
+            accumulate = accumulate or technique == "gradient accumulation"
             for i, change in enumerate(variants):
-                trial = best_micro({**kw, **change})
-                total, _ = est(trial)
-                if fits_mem(total) or i == len(variants) - 1:
-                    kw = trial
+                trial, trial_acc = best_micro(change(setup), accumulation)
+                if fits_mem(est(trial)[0]) or i == len(variants) - 1:
+                    setup, accumulation = trial, trial_acc
                     break
-            if add(technique, kw):
+            if add(technique, setup, accumulation):
                 chosen_idx = len(steps) - 1
                 break
 
@@ -283,7 +286,7 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
                                             reserve=res, fragmentation=frag, lora_rank=lora_rank,
                                             search_gpus=False).fits, n_gpus)
         return Plan(False, None, closest, steps, more, inputs)
-    chosen = _prune(steps, chosen_idx, kw, est, fits_mem, reserve_for, method)
+    chosen = _prune(steps, chosen_idx, setup, accumulation, est, fits_mem, reserve_for, method)
     notes = []
     if chosen.settings["method"] != method:
         names = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
@@ -293,77 +296,91 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     return Plan(True, chosen, chosen, steps, None, inputs, notes)
 
 
-def _public(k: dict[str, Any]) -> dict[str, Any]:
-    out = {x: v for x, v in k.items() if not x.startswith("_")}
-    out["accumulation_steps"] = k.get("_accumulation", 1)
-    return out
+def _public(setup: TrainingSetup, accumulation: int) -> dict[str, Any]:
+    """A rung's settings, as :attr:`PlanStep.settings` shows them."""
+    return {"batch_size": setup.batch_size, "seq_len": setup.seq_len, "precision": setup.precision,
+            "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
+            "recompute": setup.recompute, "attention": setup.attention, "offload": setup.offload,
+            "method": setup.method, "lora_rank": setup.lora_rank, "accumulation_steps": accumulation}
 
 
-def _ladder(kw: dict[str, Any], job: str, n_gpus: int, b: int,
-            model_type: str = "llama") -> list[tuple[str, list[dict[str, Any]]]]:
-    """Each rung and the setting changes it tries, cheapest first (empty: not applicable).
+#: One variant of a rung: the setup with the technique switched on.
+Change = Callable[[TrainingSetup], TrainingSetup]
 
-    transformers runs Gemma 2 with eager attention only (no FlashAttention rung), and LoRA is estimated for
-    gpt2, llama, mistral, qwen2, gemma and qwen3 only (no LoRA rung for the others)."""
+
+def _set(**change: Any) -> Change:
+    """The variant ``dataclasses.replace(setup, **change)`` (validated again by :class:`TrainingSetup`)."""
+    return lambda setup: replace(setup, **change)
+
+
+def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tuple[str, list[Change]]]:
+    """Each rung and the setup changes it tries, cheapest first (empty: not applicable).
+
+    Gradient accumulation changes no setting itself: from its rung on, every rung picks the largest
+    micro-batch that fits (``best_micro`` in :func:`plan`). transformers runs Gemma 2 with eager attention only
+    (no FlashAttention rung), and LoRA is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3 only (no
+    LoRA rung for the others)."""
     multi = n_gpus > 1
     lora_ok = model_type in ("gpt2", "llama", "mistral", "qwen2", "gemma", "qwen3")
     return [
-        ("bf16 mixed precision", [{"precision": "bf16-mixed"}]),
-        ("FlashAttention", [{"attention": "sdpa"}] if model_type != "gemma2" else []),
-        ("gradient accumulation", [{"_accumulation_on": True}] if b > 1 else []),
-        ("activation checkpointing", [{"recompute": "selective"}, {"recompute": "full"}]),
-        ("ZeRO-2", [{"zero_stage": 2}] if multi else []),
-        ("8-bit AdamW", [{"optimizer": "adamw-8bit"}]),
-        ("ZeRO-3", [{"zero_stage": 3}] if multi else []),
-        ("pure bf16", [{"precision": "bf16"}] if job == "train" else []),
-        ("CPU offload", [{"offload": "optimizer"}, {"offload": "params+optimizer", "zero_stage": 3}]),
-        ("LoRA / QLoRA", [{"method": "lora", "offload": "none"}, {"method": "qlora", "offload": "none"},
-                          {"method": "qlora"}] if job == "train" and lora_ok
-         else [{"method": "qlora", "offload": "none"}, {"method": "qlora"}] if job == "lora" and lora_ok else []),
+        ("bf16 mixed precision", [_set(precision="bf16-mixed")]),
+        ("FlashAttention", [_set(attention="sdpa")] if model_type != "gemma2" else []),
+        ("gradient accumulation", [_set()] if b > 1 else []),
+        ("activation checkpointing", [_set(recompute="selective"), _set(recompute="full")]),
+        ("ZeRO-2", [_set(zero_stage=2)] if multi else []),
+        ("8-bit AdamW", [_set(optimizer="adamw-8bit")]),
+        ("ZeRO-3", [_set(zero_stage=3)] if multi else []),
+        ("pure bf16", [_set(precision="bf16")] if job == "train" else []),
+        ("CPU offload", [_set(offload="optimizer"), _set(offload="params+optimizer", zero_stage=3)]),
+        ("LoRA / QLoRA", [_set(method="lora", offload="none"), _set(method="qlora", offload="none"),
+                          _set(method="qlora")] if job == "train" and lora_ok
+         else [_set(method="qlora", offload="none"), _set(method="qlora")] if job == "lora" and lora_ok else []),
     ]
 
 
-# What switching a rung off restores (for pruning).
+# What switching a rung off restores (for pruning): dataclasses.replace keywords. Gradient accumulation off
+# restores the whole batch as one micro-batch (in _prune).
 _OFF: dict[str, dict[str, Any]] = {
-    "gradient accumulation": {"_accumulation_on": False}, "activation checkpointing": {"recompute": "none"},
+    "gradient accumulation": {}, "activation checkpointing": {"recompute": "none"},
     "ZeRO-2": {"zero_stage": 0}, "8-bit AdamW": {"optimizer": "adamw"}, "ZeRO-3": {"zero_stage": 2},
     "pure bf16": {"precision": "bf16-mixed"}, "CPU offload": {"offload": "none"}}
 
 
-def _prune(steps: list[PlanStep], idx: int, kw: dict[str, Any], est: Any, fits_mem: Any, reserve_for: Any,
-           method: str) -> PlanStep:
+def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: int,
+           est: Callable[[TrainingSetup], tuple[int, int]], fits_mem: Callable[[int], bool],
+           reserve_for: Callable[[int], int], method: str) -> PlanStep:
     """Drop rungs below ``idx`` that the fit does not need; mark each rung needed or not."""
-    final = dict(kw)
+    final, final_acc = setup, accumulation
     b = steps[0].settings["batch_size"]
     for i in range(idx - 1, 0, -1):
         st = steps[i]
         if not st.applicable or (st.technique not in _OFF and st.technique != "LoRA / QLoRA"):
             continue
-        off = dict(_OFF.get(st.technique, {"method": method}))
-        if st.technique == "ZeRO-3" and (final.get("zero_stage") != 3 or final.get("offload") == "params+optimizer"):
+        off = _OFF.get(st.technique, {"method": method})
+        if st.technique == "ZeRO-3" and (final.zero_stage != 3 or final.offload == "params+optimizer"):
             continue  # parameter offload needs ZeRO-3
-        if st.technique == "ZeRO-2" and final.get("zero_stage", 0) == 3:
+        if st.technique == "ZeRO-2" and final.zero_stage == 3:
             continue  # subsumed by ZeRO-3
-        if st.technique == "CPU offload" and final.get("offload", "none") == "none":
+        if st.technique == "CPU offload" and final.offload == "none":
             continue  # already switched off by a later rung (LoRA / QLoRA)
-        trial = {**final, **off}
+        trial, trial_acc = replace(final, **off), final_acc
         if st.technique == "gradient accumulation":
-            trial = {**trial, "batch_size": b, "_accumulation": 1}
+            trial, trial_acc = replace(trial, batch_size=b), 1
         needed = not fits_mem(est(trial)[0])
         steps[i] = PlanStep(st.technique, st.settings, st.per_gpu_bytes, st.cpu_bytes, st.fits, st.cost, True, needed,
                             st.reserve_bytes)
         if not needed:
-            final = trial
+            final, final_acc = trial, trial_acc
     top = steps[idx]
-    if top.technique == "LoRA / QLoRA" and final["method"] == "qlora" and method == "full":
-        lora_trial = {**final, "method": "lora"}  # the lighter change of job first: LoRA before QLoRA
+    if top.technique == "LoRA / QLoRA" and final.method == "qlora" and method == "full":
+        lora_trial = replace(final, method="lora")  # the lighter change of job first: LoRA before QLoRA
         if fits_mem(est(lora_trial)[0]):
             final = lora_trial
     total, cpu = est(final)
     steps[idx] = PlanStep(top.technique, top.settings, top.per_gpu_bytes, top.cpu_bytes, top.fits, top.cost,
                           top.applicable, True, top.reserve_bytes)
-    return PlanStep("plan", _public(final), total, cpu, True, "the cheapest combination found", True, True,
-                    reserve_for(total))
+    return PlanStep("plan", _public(final, final_acc), total, cpu, True, "the cheapest combination found", True,
+                    True, reserve_for(total))
 
 
 def _min_gpus(fits: Any, n_gpus: int) -> int | None:
@@ -533,10 +550,10 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
         m = micro_batches or (4 * p if p > 1 else 1)
         if pp_schedule == "interleaved" and (p == 1 or m % p or cfg.num_layers % (2 * p)):
             return None
-        e = estimate_training(cfg, batch_size=b, seq_len=s, precision="bf16-mixed", optimizer="adamw",
-                              zero_stage=zero, num_gpus=n, recompute=recompute, attention="sdpa", tp=t, pp=p,
-                              cp=c, ep=x, sequence_parallel=t > 1, micro_batches=m,
-                              pp_schedule=pp_schedule if p > 1 else "1f1b")
+        e = estimate_training(cfg, TrainingSetup(
+            batch_size=b, seq_len=s, precision="bf16-mixed", optimizer="adamw", zero_stage=zero, num_gpus=n,
+            recompute=recompute, attention="sdpa", tp=t, pp=p, cp=c, ep=x, sequence_parallel=t > 1,
+            micro_batches=m, pp_schedule=pp_schedule if p > 1 else "1f1b"))
         total = e.total_bytes
         r = reserve_for(total)
         settings = {"tp": t, "pp": p, "cp": c, "dp": n // (t * p * c), "sequence_parallel": t > 1,

@@ -4,9 +4,8 @@ One tiny transformers Llama, built from a dict config with the same seed on ever
 steps four ways — ``DistributedDataParallel`` (the baseline), ``ZeroRedundancyOptimizer`` (ZeRO-1),
 ``fully_shard`` with ``reshard_after_forward=False`` (ZeRO-2-like) and ``True`` (ZeRO-3) — and each rank
 reports what it holds (parameters, gradients and optimizer states, counted as the bytes of the distinct
-storages it owns, local shards only), the peak of those bytes over a step (sampled before and after every
-module's forward and backward), its losses, and the bytes its collectives moved (the ``torch.distributed``
-calls intercepted; DDP's C++ all-reduce through a communication hook).
+storages it owns, local shards only), the peak of those bytes over a step (sampled around every module's forward
+and backward), its losses, and the bytes its collectives moved (``torch.distributed`` calls intercepted; DDP's by a comm hook).
 
 On CPU the processes use gloo and are started with ``torch.multiprocessing`` (:func:`run_sharded`); the same
 module runs unchanged under ``torchrun`` with NCCL on GPUs (``torchrun --nproc-per-node 4 -m memlib.measure.distributed
@@ -20,6 +19,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..core.choices import ZERO_STAGES, OneLineParser, positive_int
 from ..core.errors import MemlibError, check_choice, check_positive
 from .deps import require_torch
 from .procs import join_gloo_group, join_with_deadline
@@ -45,6 +46,7 @@ __all__ = [
     "reference_losses",
     "run_sharded",
     "deepspeed_estimates",
+    "build_parser",
     "main",
 ]
 
@@ -611,25 +613,59 @@ def deepspeed_estimates(total_params: int, *, largest_layer_params: int, num_gpu
     return out
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The arguments of ``python -m memlib.measure.distributed``: the flag names of ``memlib train``."""
+    ap = OneLineParser(prog="python -m memlib.measure.distributed", description=main.__doc__)
+    ap.add_argument("--zero", type=int, nargs="+", choices=ZERO_STAGES, default=None,
+                    help="ZeRO stages to run: 0 DDP, 1 ZeroRedundancyOptimizer, 2 and 3 FSDP2 (default: all)")
+    ap.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=None, help=argparse.SUPPRESS)  # old name
+    ap.add_argument("--steps", type=positive_int, default=3, help="training steps, ≥ 2 (default 3)")
+    ap.add_argument("--batch", "--batch-size", dest="batch", type=positive_int, default=2, help="default 2")
+    ap.add_argument("--seq", "--seq-len", dest="seq", type=positive_int, default=32,
+                    help=f"sequence length, at most {TINY_LLAMA['max_position_embeddings']} (default 32)")
+    ap.add_argument("--gpus", type=positive_int, default=2, help="processes to spawn without torchrun (default 2)")
+    ap.add_argument("--world-size", dest="gpus", type=positive_int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON here (default: print it)")
+    return ap
+
+
+def _strategies(args: argparse.Namespace) -> list[str]:
+    """The strategies asked for, validated as ``memlib train`` validates its settings (a TrainingSetup each)."""
+    from ..core.configs import check_seq_len, load_config
+    from ..core.setup import TrainingSetup
+
+    if args.zero is not None and args.strategies is not None:
+        raise MemlibError("give --zero or --strategies, not both")
+    strategies = args.strategies or [STRATEGIES[z] for z in (args.zero if args.zero is not None else ZERO_STAGES)]
+    for s in strategies:
+        TrainingSetup(batch_size=args.batch, seq_len=args.seq, zero_stage=STRATEGY_STAGE[s], num_gpus=args.gpus)
+    check_seq_len(load_config(TINY_LLAMA), args.seq)
+    if args.steps < 2:
+        raise MemlibError(f"steps must be ≥ 2 (the last step is measured after a warm-up step), got {args.steps}")
+    return list(strategies)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun --nproc-per-node N -m memlib.measure.distributed [--out F]``: every strategy, NCCL on GPUs.
 
-    Without ``torchrun`` (no ``RANK`` in the environment) it spawns ``--world-size`` gloo processes on CPU
-    instead. Rank 0 writes the results (JSON, with device name, torch version and date) to ``--out``.
+    Without ``torchrun`` (no ``RANK`` in the environment) it spawns ``--gpus`` gloo processes on CPU instead.
+    Rank 0 writes the results (JSON, with device name, torch version and date) to ``--out``. Flags and checks
+    are ``memlib train``'s; bad input exits with status 2 and one line on stderr.
     """
-    ap = argparse.ArgumentParser(prog="python -m memlib.measure.distributed", description=main.__doc__)
-    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=32)
-    ap.add_argument("--world-size", type=int, default=2, help="processes to spawn when not under torchrun")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args, _strategies(args))
+    except MemlibError as e:
+        print(f"memlib.measure.distributed: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace, strategies: list[str]) -> int:
     torch = _torch()
-    kwargs = {"steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len}
+    kwargs = {"steps": args.steps, "batch_size": args.batch, "seq_len": args.seq}
     meta: dict[str, Any] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d", time.gmtime())}
     if "RANK" not in os.environ:
-        runs = run_sharded(args.world_size, args.strategies, **kwargs)
+        runs = run_sharded(args.gpus, strategies, **kwargs)
         payload = {**meta, "device": "cpu", "runs": {s: r.as_dict() for s, r in runs.items()}}
     else:
         dist = torch.distributed
@@ -638,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
         try:
-            results = [train_rank(s, **kwargs).as_dict() for s in args.strategies]
+            results = [train_rank(s, **kwargs).as_dict() for s in strategies]
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, results)
         finally:
@@ -650,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = {**meta, "runs": {s: {"strategy": s, "world_size": world,
                                         "ranks": [gathered[r][i] for r in range(world)],
                                         "settings": {**kwargs, "world_size": world}}
-                                    for i, s in enumerate(args.strategies)}}
+                                    for i, s in enumerate(strategies)}}
     text = json.dumps(payload, indent=1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

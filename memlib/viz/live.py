@@ -27,7 +27,8 @@ from typing import Any
 from ..core.configs import load_config, shipped_models
 from ..core.dtypes import GB, WEIGHT_FORMATS, GiB
 from ..core.errors import MemlibError, check_choice
-from ..core.estimate import KV_DTYPES, OPTIMIZERS, PRECISIONS, TrainingEstimate, estimate_training
+from ..core.choices import KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+from ..core.estimate import TrainingEstimate, estimate_training
 from ..core.formats import FORMAT_NAMES, encode
 from ..core.offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
 from ..core.params import count_params
@@ -43,18 +44,18 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 #: memlib's modules the live calculators import, as paths under memlib/ without .py (shipped to the browser as one
 #: zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
-    "__init__", "core/__init__", "core/attention_terms", "core/categories", "core/configs", "core/dtypes",
-    "core/errors", "core/estimate", "core/families_dense", "core/families_moe", "core/flops", "core/formats",
-    "core/hardware", "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan",
-    "core/search", "core/serve", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts",
-    "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__", "viz/live", "viz/plots",
+    "__init__", "core/__init__", "core/activations", "core/attention_terms", "core/categories", "core/checkpointing", "core/choices",
+    "core/configs", "core/dtypes", "core/errors", "core/estimate", "core/families_dense", "core/families_moe",
+    "core/flops", "core/formats", "core/hardware", "core/inference", "core/lora", "core/offload", "core/parallel",
+    "core/params", "core/plan", "core/search", "core/serve", "core/setup", "drills/__init__", "drills/answers",
+    "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
+    "viz/live", "viz/plots",
 )
 #: Data files the live calculators read, as glob patterns under memlib/ (shipped in the same zip): the model
 #: configs and the drills' question bank.
 LIVE_DATA: tuple[str, ...] = ("core/configs/*.json", "drills/bank.json")
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
-ZERO_STAGES = (0, 1, 2, 3)
 NUM_GPUS = (1, 2, 4, 8, 16, 32, 64)
 GPU_MEMORY_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
 _CATEGORY_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",

@@ -6,7 +6,8 @@ from typing import Any
 from ..core.configs import shipped_models
 from ..core.dtypes import GiB
 from ..core.errors import MemlibError
-from ..core.estimate import OPTIMIZERS, PRECISIONS, TrainingEstimate, estimate_training
+from ..core.choices import OPTIMIZERS, PRECISIONS
+from ..core.estimate import TrainingEstimate, estimate_training
 from .live import training_verdict
 from .plots import training_breakdown_figure
 

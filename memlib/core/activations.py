@@ -1,0 +1,162 @@
+"""What the forward pass saves for backward, term by term, per model family: pure Python, no torch (Chapters 1, 4).
+
+Derived from what each op of the transformers implementation saves (gated MLP, RMSNorm with its fp32 upcast,
+grouped-query attention, fp32 softmax in eager attention, the fp32 upcast of the logits in the loss) and
+checked against :mod:`memlib.measure.trace`; :func:`memlib.core.estimate.saved_activations` sums the terms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import families_dense
+
+from . import families_moe
+from .attention_terms import gqa_attention_terms
+from .choices import ATTENTION, PRECISIONS
+from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
+from .errors import check_choice, check_positive
+
+__all__ = ["ActivationTerm", "activation_terms", "korthikanti_activation_bytes"]
+
+
+@dataclass(frozen=True)
+class ActivationTerm:
+    """One tensor kind that the forward pass saves for backward, in one transformer layer (or outside).
+
+    Attributes:
+        name: what it is (``"MLP gate output"``).
+        bytes: its size in bytes for the batch and sequence asked for.
+        formula: the size as a formula in b (batch), s (sequence), h, f, a, V...
+        per_layer: True if every layer saves one; False for a tensor saved once per model.
+    """
+
+    name: str
+    bytes: int
+    formula: str
+    per_layer: bool = True
+
+def korthikanti_activation_bytes(cfg: ModelConfig | str, batch_size: int, seq_len: int) -> int:
+    """The classic GPT formula for one layer: s·b·h·(34 + 5·a·s/h) bytes (Korthikanti et al. 2022).
+
+    Introduced in Chapter 1: 16-bit activations, 1-byte dropout masks, LayerNorm, a 4h GELU MLP, and the
+    attention scores and probabilities materialized. Shown as the reference that modern models depart from.
+    """
+    cfg = load_config(cfg)
+    s, b, h, a = seq_len, batch_size, cfg.hidden_size, cfg.num_heads
+    return int(s * b * h * 34 + 5 * a * s * s * b)
+
+def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1,
+                     seq_len: int = 512, precision: str = "bf16-mixed", attention: str = "sdpa",
+                     dropout: bool = True) -> list[ActivationTerm]:
+    """What the forward pass of the transformers model saves for backward, term by term.
+
+    Introduced in Chapter 1 (and taken apart in Chapter 4). Derived from the transformers implementation
+    of each family and checked against :func:`memlib.measure.trace.trace_training` in the tests.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        batch_size: micro-batch size b.
+        seq_len: sequence length s.
+        precision: sets the activation dtype (4 bytes for fp32, 2 otherwise).
+        attention: ``"eager"`` (scores materialized) or ``"sdpa"`` (flash kernel: output + log-sum-exp).
+        dropout: apply the config's dropout probabilities (training); False as in evaluation.
+
+    Returns:
+        The terms; ``per_layer`` ones are multiplied by the number of layers.
+    """
+    cfg = load_config(model)
+    check_choice("precision", precision, PRECISIONS)
+    check_choice("attention", attention, ATTENTION)
+    b = check_positive("batch_size", batch_size)
+    s = check_seq_len(cfg, check_positive("seq_len", seq_len))
+    return _activation_terms(cfg, b, s, 4 if precision == "fp32" else 2, attention, dropout)
+
+
+def _activation_terms(cfg: ModelConfig, b: int, s: int, e: int, attention: str, dropout: bool) -> list[ActivationTerm]:
+    """:func:`activation_terms` for validated values: b sequences of s tokens, e bytes per activation element."""
+    if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.core.families_moe
+        return families_moe.activation_terms_moe(cfg, b=b, s=s, e=e, attention=attention, dropout=dropout)
+    T = b * s
+    h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
+    q, kv, d = cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    terms: list[ActivationTerm] = []
+
+    def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
+        terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
+
+    if cfg.model_type in DENSE_FAMILIES:  # Gemma 2/3, Phi-3, GPT-NeoX, Falcon: memlib/core/families_dense.py
+        families_dense.dense_activation_terms(cfg, add, batch_size=b, seq_len=s, act_bytes=e, attention=attention,
+                                              dropout=dropout)
+        return terms
+
+    if cfg.model_type == "gpt2":
+        p_attn = cfg.attn_dropout if dropout else 0.0
+        p_resid = cfg.resid_dropout if dropout else 0.0
+        add("LayerNorm inputs (residual stream) ×2", 2 * e * T * h, f"2·{e}·bsh")
+        add("LayerNorm outputs ×2", 2 * e * T * h, f"2·{e}·bsh")
+        add("LayerNorm mean and rstd (fp32) ×2", 2 * 8 * T, "2·8·bs")
+        if attention == "sdpa":
+            add("q, k, v (fused c_attn output)", e * T * 3 * h, f"{e}·3bsh")
+            add("attention output", e * T * h, f"{e}·bsh")
+            add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
+        else:
+            add("q, k, v contiguous copies", 3 * e * T * h, f"3·{e}·bsh")
+            add("softmax probabilities", e * b * a * s * s, f"{e}·bas²")
+            if p_attn > 0:
+                add("attention dropout mask (bool)", b * a * s * s, "bas²")
+                add("attention dropout output", e * b * a * s * s, f"{e}·bas²")
+            add("attention output (contiguous, c_proj input)", e * T * h, f"{e}·bsh")
+        if p_resid > 0:
+            add("residual dropout masks (bool) ×2", 2 * T * h, "2·bsh")
+        add("MLP c_fc output and gelu_new intermediates ×5", 5 * e * T * f, f"5·{e}·bsf")
+        if dropout and cfg.embd_dropout > 0:
+            add("embedding dropout mask (bool)", T * h, "bsh", per_layer=False)
+        add("final LayerNorm input, output", 2 * e * T * h, f"2·{e}·bsh", per_layer=False)
+        add("final LayerNorm mean and rstd", 8 * T, "8·bs", per_layer=False)
+    elif cfg.model_type == "olmo2":
+        # OLMo 2 normalizes after attention and after the MLP (the residual stream itself feeds q/k/v and the MLP),
+        # and its RMSNorms multiply by the weight in fp32: each keeps its fp32 input, the fp32 normalized tensor
+        # and the rsqrt. q_norm and k_norm normalize all heads together before rotary.
+        add("q/k/v and MLP inputs (residual stream) ×2", 2 * e * T * h, f"2·{e}·bsh")
+        add("post-norms: fp32 inputs and normalized ×2", 2 * 8 * T * h, "2·8·bsh")
+        add("post-norms: rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
+        add("q_norm, k_norm: fp32 inputs and normalized, rsqrt", 8 * T * (q + kv) + 2 * 4 * T,
+            "8·bs(a + a_kv)·d + 2·4·bs")
+    else:
+        add("RMSNorm fp32 inputs ×2", 2 * 4 * T * h, "2·4·bsh")
+        add("RMSNorm normalized and weighted outputs ×2", 2 * 2 * e * T * h, f"2·2·{e}·bsh")
+        add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
+    if cfg.model_type != "gpt2":
+        window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
+        gqa_attention_terms(add, cfg, batch_size=b, seq_len=s, act_bytes=e, attention=attention, dropout=dropout,
+                            window=window)
+        add("MLP gate, up, activation, product", 4 * e * T * f, f"4·{e}·bsf")
+        if cfg.model_type == "olmo2":  # fp32 input and normalized, rsqrt; the cast output feeds the LM head
+            add("final RMSNorm", 8 * T * h + e * T * h + 4 * T, f"(8 + {e})·bsh + 4·bs", per_layer=False)
+        else:
+            add("final RMSNorm", 4 * T * h + 2 * e * T * h + 4 * T, f"(4 + 2·{e})·bsh + 4·bs", per_layer=False)
+        if cfg.model_type == "qwen3":
+            # Qwen3's q_norm and k_norm (RMSNorm over each head, before rotary) keep, like every RMSNorm, their fp32
+            # input, the rsqrt per head and the normalized 16-bit tensor (for the weight's gradient); their output
+            # feeds rotary, which keeps nothing of it.
+            a_kv = cfg.num_kv_heads
+            add("q_norm, k_norm: fp32 inputs, normalized, rsqrt", (4 + e) * T * (q + kv) + 4 * T * (a + a_kv),
+                f"(4 + {e})·bs(a + a_kv)·d + 4·bs(a + a_kv)")
+        if cfg.model_type == "gemma":
+            # GemmaRMSNorm multiplies in fp32: output = norm(x.float()) * (1.0 + weight.float()); the product's
+            # backward keeps the fp32 normalized tensor (4 bytes, not the 16-bit copy counted above) and the fp32
+            # (1 + w); the output is cast back to the activation dtype.
+            extra = (4 - e) * T * h + 4 * h
+            add("Gemma RMSNorm fp32 normalized and (1 + w) ×2", 2 * extra, f"2·((4 − {e})·bsh + 4h)")
+            add("Gemma final RMSNorm fp32 normalized and (1 + w)", extra, f"(4 − {e})·bsh + 4h", per_layer=False)
+        add("rotary cos, sin", 2 * e * s * d, f"2·{e}·s·d", per_layer=False)
+    add("log-softmax of the fp32 logits", 4 * T * V, "4·bsV", per_layer=False)
+    add("input ids and labels", 16 * T, "16·bs", per_layer=False)
+    return terms
+
+def _sum_terms(terms: list[ActivationTerm]) -> tuple[int, int]:
+    per_layer = sum(t.bytes for t in terms if t.per_layer)
+    outside = sum(t.bytes for t in terms if not t.per_layer)
+    return per_layer, outside

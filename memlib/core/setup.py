@@ -1,0 +1,132 @@
+"""Typed, frozen training and inference setups, validated once where they are made (pure Python, Chapter 1).
+
+A setup holds every setting of :func:`memlib.core.estimate.estimate_training` (or ``estimate_inference``)
+except the model; the functions below it trust it. Change one setting with ``dataclasses.replace(setup, ...)``,
+which validates the new setup again (the planner's ladder, Chapter 13, is a sequence of such replacements).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE,
+                      SCHEDULES, ZERO_STAGES)
+from .dtypes import weight_bytes_per_param
+from .errors import MemlibError, check_choice, check_positive
+
+__all__ = ["TrainingSetup", "InferenceSetup"]
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """How a model is trained: every setting of the training estimate. Introduced in Chapter 1.
+
+    Attributes:
+        batch_size: micro-batch size per GPU.
+        seq_len: sequence length (checked against the model's maximum positions by the estimator).
+        precision: one of :data:`memlib.core.choices.PRECISIONS`.
+        optimizer: one of :data:`memlib.core.choices.OPTIMIZERS`.
+        zero_stage: 0 (plain data parallel), 1, 2 or 3 (ZeRO paper §5).
+        num_gpus: GPUs (data-parallel ones; the total with model parallelism).
+        recompute: ``none``, ``selective`` or ``full``.
+        attention: ``eager`` or ``sdpa``.
+        checkpoint_every: with ``recompute="full"``, decoder layers per checkpointed segment.
+        offload: ``none``, ``optimizer`` or ``params+optimizer`` (the last needs ``zero_stage=3``).
+        method: ``full`` fine-tuning, ``lora`` or ``qlora``.
+        lora_rank: LoRA rank r (``lora``/``qlora``).
+        lora_targets: one of :data:`memlib.core.choices.LORA_TARGETS`.
+        tp, pp, cp, ep: tensor-, pipeline-, context- and expert-parallel degrees (Chapter 15).
+        sequence_parallel: Megatron sequence parallelism (with tp).
+        micro_batches: pipeline micro-batches per step.
+        pp_schedule: one of :data:`memlib.core.choices.SCHEDULES`.
+
+    Raises:
+        MemlibError: on construction, for a bad value (one line naming it and the valid choices) or a
+            combination that does not exist (``checkpoint_every`` without full recomputation, parameter offload
+            below ZeRO-3). Checks that need the model (sequence length, heads dividing tp) are the estimator's.
+    """
+
+    batch_size: int = 1
+    seq_len: int = 512
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    zero_stage: int = 0
+    num_gpus: int = 1
+    recompute: str = "none"
+    attention: str = "sdpa"
+    checkpoint_every: int = 1
+    offload: str = "none"
+    method: str = "full"
+    lora_rank: int = 16
+    lora_targets: str = "all-linear"
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    micro_batches: int = 1
+    pp_schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("zero stage", self.zero_stage, ZERO_STAGES)
+        check_choice("recompute", self.recompute, RECOMPUTE)
+        check_choice("attention", self.attention, ATTENTION)
+        check_choice("offload", self.offload, OFFLOAD)
+        check_choice("method", self.method, METHODS)
+        check_choice("lora targets", self.lora_targets, LORA_TARGETS)
+        check_choice("pipeline schedule", self.pp_schedule, SCHEDULES)
+        for field, label in (("num_gpus", "num_gpus"), ("batch_size", "batch_size"), ("seq_len", "seq_len"),
+                             ("checkpoint_every", "checkpoint_every"), ("lora_rank", "lora rank"), ("tp", "tp"),
+                             ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches")):
+            object.__setattr__(self, field, check_positive(label, getattr(self, field)))
+        if self.model_parallel:
+            return  # memlib.core.parallel.check_layout checks the layout against the model
+        if self.checkpoint_every != 1 and self.recompute != "full":
+            raise MemlibError(f"checkpoint_every={self.checkpoint_every} needs recompute='full' "
+                              f"(got recompute={self.recompute!r})")
+        if self.offload == "params+optimizer" and self.zero_stage != 3:
+            raise MemlibError(f"offload 'params+optimizer' needs zero_stage 3 (got zero_stage={self.zero_stage}); "
+                              "use offload 'optimizer' with stages 0-2")
+
+    @property
+    def model_parallel(self) -> bool:
+        """True when a tensor/pipeline/context/expert-parallel setting differs from plain data parallelism."""
+        return (self.tp, self.pp, self.cp, self.ep, self.sequence_parallel, self.micro_batches,
+                self.pp_schedule) != (1, 1, 1, 1, False, 1, "1f1b")
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes of one activation element: 4 in fp32, 2 in the 16-bit precisions."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def shards(self) -> int:
+        """The ranks the optimizer states are sharded over: ``num_gpus`` with ZeRO, 1 without."""
+        return self.num_gpus if self.zero_stage >= 1 else 1
+
+
+@dataclass(frozen=True)
+class InferenceSetup:
+    """How a model is served: the settings of :func:`memlib.core.estimate.estimate_inference` (Chapter 1).
+
+    Attributes:
+        batch_size: concurrent sequences.
+        seq_len: tokens per sequence held in the cache (prompt + generated).
+        weights: one of :data:`memlib.core.choices.WEIGHT_FORMATS`.
+        kv_dtype: one of :data:`memlib.core.choices.KV_DTYPES`.
+
+    Raises:
+        MemlibError: on construction, for a bad value (one line naming it and the valid choices).
+    """
+
+    batch_size: int = 1
+    seq_len: int = 2048
+    weights: str = "fp16"
+    kv_dtype: str = "fp16"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_size", check_positive("batch_size", self.batch_size))
+        weight_bytes_per_param(self.weights)  # validates the format
+        check_choice("kv dtype", self.kv_dtype, KV_DTYPES)
+        object.__setattr__(self, "seq_len", check_positive("seq_len", self.seq_len))
