@@ -5,7 +5,7 @@ steps four ways — ``DistributedDataParallel`` (the baseline), ``ZeroRedundancy
 ``fully_shard`` with ``reshard_after_forward=False`` (ZeRO-2-like) and ``True`` (ZeRO-3) — and each rank
 reports what it holds (parameters, gradients and optimizer states, counted as the bytes of the distinct
 storages it owns, local shards only), the peak of those bytes over a step (sampled around every module's forward
-and backward), its losses, and the bytes its collectives moved (``torch.distributed`` calls intercepted; DDP's by a comm hook).
+and backward), its losses, and the bytes its collectives moved (torch.distributed calls; DDP's via a comm hook).
 
 On CPU the processes use gloo and are started with ``torch.multiprocessing`` (:func:`run_sharded`); the same
 module runs unchanged under ``torchrun`` with NCCL on GPUs (``torchrun --nproc-per-node 4 -m memlib.measure.distributed
