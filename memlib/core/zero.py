@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 
 from .dtypes import GB, GiB
+from .choices import ZERO_STAGES
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_training
 from .hardware import GPUS
@@ -38,7 +39,7 @@ __all__ = [
     "fsdp_peak_bytes",
 ]
 
-STAGES = (0, 1, 2, 3)
+STAGES = ZERO_STAGES
 STAGE_NAMES = {0: "baseline DP", 1: "P_os (ZeRO-1)", 2: "P_os+g (ZeRO-2)", 3: "P_os+g+p (ZeRO-3)"}
 
 TABLE1_PARAMS = (7_500_000_000, 128_000_000_000, 1_000_000_000_000)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ..core.choices import ATTENTION, RECOMPUTE
 from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MiB, dtype_bytes, weight_bytes_per_param
 from ..core.errors import check_choice
@@ -88,8 +89,8 @@ def korthikanti_bytes(model: str, batch_size: int, seq_len: int, attention: str 
     Limitation: it treats every model as a GPT layer (MHA, a 4h GELU MLP, dropout) with the model's h, a and L;
     memlib's term-by-term :func:`memlib.core.estimate.estimate_training` counts the real architecture.
     """
-    check_choice("attention", attention, ("eager", "sdpa"))
-    check_choice("recompute", recompute, ("none", "selective", "full"))
+    check_choice("attention", attention, ATTENTION)
+    check_choice("recompute", recompute, RECOMPUTE)
     cfg = load_config(model)
     s, b, h = seq_len, batch_size, cfg.hidden_size
     if recompute == "none" and attention == "eager":

@@ -13,6 +13,7 @@ from ..core.checkpointing import largest_batch
 from ..core.configs import load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from .deps import require_torch
+from .results import DATE_FORMAT
 
 __all__ = ["largest_batch_cuda", "time_step", "time_stack", "gpu_checkpointing_results"]
 
@@ -93,19 +94,25 @@ def time_step(model: ModelLike, *, batch_size: int = 1, seq_len: int = 128, prec
     check_choice("device", device, ("cpu", "cuda"))
     _, net, input_ids = _prepare(model, batch_size, seq_len, precision, attention, recompute, checkpoint_every,
                                  device, overrides, 0)
-    times = []
     with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core):
-        for i in range(repeats + 1):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = net(input_ids=input_ids, labels=input_ids).loss
-            loss.backward()
-            net.zero_grad(set_to_none=True)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if i:  # the first run warms up
-                times.append(time.perf_counter() - t0)
+        return _median_seconds(lambda: net(input_ids=input_ids, labels=input_ids).loss.backward(), net, device,
+                               repeats)
+
+
+def _median_seconds(step: Any, net: Any, device: str, repeats: int) -> float:
+    """Median seconds of ``step()`` (then the gradients are dropped) over ``repeats`` runs after one warm-up."""
+    torch = _torch()
+    times = []
+    for i in range(check_positive("repeats", repeats) + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        net.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first run warms up
+            times.append(time.perf_counter() - t0)
     return float(statistics.median(times))
 
 
@@ -123,18 +130,8 @@ def time_stack(num_layers: int, checkpoint_every: int | None, *, width: int = 25
     torch.manual_seed(seed)
     net = _stack(n, width, device, torch.float32)
     x = torch.randn(batch_size, width, device=device)
-    times = []
-    for i in range(check_positive("repeats", repeats) + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        _run_stack(net, x, checkpoint_every).square().sum().backward()
-        net.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:  # the first run warms up
-            times.append(time.perf_counter() - t0)
-    return float(statistics.median(times))
+    return _median_seconds(lambda: _run_stack(net, x, checkpoint_every).square().sum().backward(), net, device,
+                           repeats)
 
 
 def gpu_checkpointing_results(model: ModelLike = "gpt2-medium", *, seq_len: int = 1024,
@@ -147,7 +144,6 @@ def gpu_checkpointing_results(model: ModelLike = "gpt2-medium", *, seq_len: int 
     name, torch version and date; the lab writes it to ``labs/results/checkpointing.json``.
     """
     torch = _torch()
-    import datetime
 
     from .checkpointing import measure_stack, trace_recompute
 
@@ -175,4 +171,4 @@ def gpu_checkpointing_results(model: ModelLike = "gpt2-medium", *, seq_len: int 
     return {"model": load_config(model).name, "seq_len": seq_len, "device": torch.cuda.get_device_name(),
             "chain_64_layers": chain,
             "total_memory_bytes": total, "free_memory_bytes": int(free), "torch": torch.__version__,
-            "date": datetime.date.today().isoformat(), "rows": rows}
+            "date": time.strftime(DATE_FORMAT, time.gmtime()), "rows": rows}

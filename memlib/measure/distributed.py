@@ -4,8 +4,7 @@ One tiny transformers Llama, built from a dict config with the same seed on ever
 steps four ways — ``DistributedDataParallel`` (the baseline), ``ZeroRedundancyOptimizer`` (ZeRO-1),
 ``fully_shard`` with ``reshard_after_forward=False`` (ZeRO-2-like) and ``True`` (ZeRO-3) — and each rank
 reports what it holds (parameters, gradients and optimizer states, counted as the bytes of the distinct
-storages it owns, local shards only), the peak of those bytes over a step (sampled around every module's forward
-and backward), its losses, and the bytes its collectives moved (torch.distributed calls; DDP's via a comm hook).
+storages it owns, local shards only), its peak over a step, its losses and the bytes its collectives moved.
 
 On CPU the processes use gloo and are started with ``torch.multiprocessing`` (:func:`run_sharded`); the same
 module runs unchanged under ``torchrun`` with NCCL on GPUs (``torchrun --nproc-per-node 4 -m memlib.measure.distributed
@@ -32,6 +31,7 @@ from ..core.choices import ZERO_STAGES, OneLineParser, positive_int
 from ..core.errors import MemlibError, check_choice, check_positive
 from .deps import require_torch
 from .procs import join_gloo_group, join_with_deadline
+from .results import DATE_FORMAT
 
 __all__ = [
     "STRATEGIES",
@@ -663,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace, strategies: list[str]) -> int:
     torch = _torch()
     kwargs = {"steps": args.steps, "batch_size": args.batch, "seq_len": args.seq}
-    meta: dict[str, Any] = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    meta: dict[str, Any] = {"torch": torch.__version__, "date": time.strftime(DATE_FORMAT, time.gmtime())}
     if "RANK" not in os.environ:
         runs = run_sharded(args.gpus, strategies, **kwargs)
         payload = {**meta, "device": "cpu", "runs": {s: r.as_dict() for s, r in runs.items()}}

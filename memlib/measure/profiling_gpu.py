@@ -17,6 +17,7 @@ from ..core.configs import load_config
 from ..core.errors import MemlibError
 from ..core.profiling import downsample_timeline, snapshot_timeline
 from .deps import require_torch
+from .results import DATE_FORMAT
 
 __all__ = ["gpu_ops_report", "mfu_run", "write_gpu_results"]
 
@@ -45,7 +46,7 @@ def gpu_ops_report() -> dict[str, Any]:
     CUDA samples' ``deviceQuery``). Commands that are missing are reported as such, not skipped silently.
     """
     torch = _torch()
-    report: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    report: dict[str, Any] = {"date_utc": time.strftime(DATE_FORMAT, time.gmtime()),
                               "torch": torch.__version__, "cuda_available": bool(torch.cuda.is_available())}
     report["commands"] = [_run(["nvidia-smi"]), _run(["nvidia-smi", "topo", "-m"]),
                           _run(["nvidia-smi", "dmon", "-c", "5"]), _run(["ds_report"], timeout=180)]
@@ -98,7 +99,7 @@ def mfu_run(model: ModelLike, *, batch_size: int, seq_len: int, device: str = "c
         peak_flops_per_s = spec.peak_flops(dtype)
     out: dict[str, Any] = dict(timing.settings)
     out.update({"device_name": device_name, "torch": torch.__version__,
-                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "date_utc": time.strftime(DATE_FORMAT, time.gmtime()),
                 "step_times_s": timing.step_times_s, "median_step_s": timing.median_s,
                 "tokens_per_s": timing.tokens_per_s, "model_flops_per_step": flops.model_flops,
                 "hardware_flops_per_step": flops.hardware_flops,
@@ -148,7 +149,7 @@ def write_gpu_results(results_dir: str | Path = "labs/results") -> list[Path]:
     record = downsample_timeline(timeline)
     record.update({"model": "qwen2-0.5b", "batch_size": 4, "seq_len": 1024, "dtype": "bf16", "steps": 2,
                    "device_name": torch.cuda.get_device_name(), "torch": torch.__version__,
-                   "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                   "date_utc": time.strftime(DATE_FORMAT, time.gmtime())})
     path = out / "12_memory_timeline.json"
     path.write_text(json.dumps(record))
     written.append(path)

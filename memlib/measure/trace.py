@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.categories import MemCategory
+from ..core.choices import ATTENTION, OPTIMIZERS
 from ..core.configs import ModelConfig, check_seq_len, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.tracing import TraceResult
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRACE_PRECISIONS", "TRACE_OPTIMIZERS"]
 
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
-TRACE_OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
+TRACE_OPTIMIZERS = OPTIMIZERS
 
 
 def _torch() -> Any:
@@ -165,7 +166,7 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
         The ``torch.nn.Module`` in train mode.
     """
     torch = _torch()
-    check_choice("attention", attention, ("eager", "sdpa"))
+    check_choice("attention", attention, ATTENTION)
     check_choice("dtype", dtype, ("fp32", "bf16", "fp16"))
     cfg = load_any_config(model)
     raw = _with_layers(dict(cfg.raw), overrides)
@@ -311,7 +312,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     check_seq_len(limits, seq_len)  # transformers would fail on longer inputs (GPT-2: IndexError)
     check_choice("precision", precision, TRACE_PRECISIONS)
     check_choice("optimizer", optimizer, TRACE_OPTIMIZERS)
-    check_choice("attention", attention, ("eager", "sdpa"))
+    check_choice("attention", attention, ATTENTION)
     check_choice("recompute", recompute, ("none", "full"))
     check_choice("device", device, ("meta", "cpu", "cuda"))
     if optimizer == "adamw-8bit" and device == "meta":

@@ -1,6 +1,7 @@
 """ipywidgets controls wired to the estimators and plots (Chapter 1). Only wiring lives here."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..core.configs import shipped_models
@@ -11,7 +12,7 @@ from ..core.estimate import TrainingEstimate, estimate_training
 from .live import training_verdict
 from .plots import training_breakdown_figure
 
-__all__ = ["training_view", "training_widget"]
+__all__ = ["show_view", "training_view", "training_widget"]
 
 
 def training_view(model: str = "llama-2-7b", batch_size: int = 4, seq_len: int = 4096,
@@ -38,15 +39,8 @@ def training_widget() -> Any:
 
     def show(model: str, batch_size: int, seq_len: int, precision: str, optimizer: str, zero_stage: int,
              num_gpus: int, gpu_memory_gib: float) -> None:
-        try:
-            _, fig, verdict = training_view(model, batch_size, seq_len, precision, optimizer, zero_stage, num_gpus,
-                                            gpu_memory_gib)
-        except MemlibError as err:  # e.g. a sequence longer than the model's positions
-            print(f"refused: {err}")
-            return
-        plt.show()
-        print(verdict)
-        plt.close(fig)
+        show_view(training_view, model, batch_size, seq_len, precision, optimizer, zero_stage, num_gpus,
+                  gpu_memory_gib)
 
     return w.interactive(
         show,
@@ -59,3 +53,17 @@ def training_widget() -> Any:
         num_gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=1),
         gpu_memory_gib=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
     )
+
+
+def show_view(view: Callable[..., tuple[Any, Any, str]], *args: Any) -> None:
+    """Draw ``view(*args)``'s figure and print its verdict; bad input (a MemlibError) prints one "refused" line."""
+    import matplotlib.pyplot as plt
+
+    try:
+        _, fig, verdict = view(*args)
+    except MemlibError as err:  # e.g. a sequence longer than the model's positions
+        print(f"refused: {err}")
+        return
+    plt.show()
+    print(verdict)
+    plt.close(fig)

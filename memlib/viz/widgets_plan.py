@@ -5,10 +5,10 @@ from typing import Any
 
 from ..core.configs import shipped_models
 from ..core.dtypes import GiB
-from ..core.errors import MemlibError
 from .live import plan_verdict
 from ..core.plan import JOBS, Plan, plan
 from .plots_plan import ladder_figure
+from .widgets import show_view
 
 __all__ = ["plan_view", "plan_widget"]
 
@@ -36,14 +36,7 @@ def plan_widget() -> Any:
         raise ImportError("the widget needs ipywidgets and matplotlib: pip install ipywidgets matplotlib") from None
 
     def show(model: str, job: str, num_gpus: int, gpu_memory_gib: float, batch_size: int, seq_len: int) -> None:
-        try:
-            _, fig, verdict = plan_view(model, job, num_gpus, gpu_memory_gib, batch_size, seq_len)
-        except MemlibError as e:
-            print(f"refused: {e}")
-            return
-        plt.show()
-        print(verdict)
-        plt.close(fig)
+        show_view(plan_view, model, job, num_gpus, gpu_memory_gib, batch_size, seq_len)
 
     return w.interactive(
         show,
