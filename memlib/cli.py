@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .core.choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE,
-                           SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
+from .core.choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS,
+                           PRECISIONS, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GB, GiB
 from .core.errors import MemlibError
@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq", "--seq-len", type=_positive_int, default=512, help="sequence length (default 512)")
     t.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
+                   help="torch.optim.AdamW implementation: foreach (default, CUDA's), fused or for-loop")
     t.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
@@ -130,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seq", "--seq-len", type=_positive_int, default=512)
     r.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
     r.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    r.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
+                   help="torch.optim.AdamW implementation: foreach (default), fused or for-loop")
     r.add_argument("--attention", choices=ATTENTION, default="sdpa")
     r.add_argument("--recompute", choices=tuple(x for x in RECOMPUTE if x != "selective"), default="none",
                    help="the trace runs transformers' gradient checkpointing (full) or none")
@@ -237,7 +241,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from .measure.trace import trace_training
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
-                         optimizer=args.optimizer, attention=args.attention, recompute=args.recompute)
+                         optimizer=args.optimizer, attention=args.attention, recompute=args.recompute,
+                         optimizer_impl=args.optimizer_impl)
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")
@@ -252,7 +257,8 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          checkpoint_every=args.checkpoint_every, offload=args.offload, method=args.method,
                          lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
                          cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
-                         micro_batches=args.micro_batches, pp_schedule=args.pp_schedule)
+                         micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
+                         optimizer_impl=args.optimizer_impl)
 
 
 def _plan_text(result: Any) -> str:

@@ -13,7 +13,7 @@ from typing import NoReturn
 from .dtypes import WEIGHT_FORMATS
 from .lora import LORA_TARGETS, METHODS
 
-__all__ = ["PRECISIONS", "OPTIMIZERS", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
+__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
            "LORA_TARGETS", "SCHEDULES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
@@ -21,6 +21,11 @@ __all__ = ["PRECISIONS", "OPTIMIZERS", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
 #: Optimizers: plain SGD, SGD with momentum, torch.optim.AdamW, bitsandbytes' 8-bit AdamW.
 OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
+#: torch.optim.AdamW implementations (``torch/optim/adam.py``): ``foreach`` (``_multi_tensor_adam``, the CUDA
+#: default), ``fused`` (``_fused_adam``, the Hugging Face Trainer's ``adamw_torch_fused``), ``for-loop``
+#: (``_single_tensor_adam``, ``foreach=False, fused=False``, the CPU default). bitsandbytes' adamw-8bit and SGD
+#: ignore it.
+OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: ZeRO stages (Rajbhandari et al. 2020, §5): 0 plain data parallel; 1 optimizer states; 2 + gradients; 3 + weights.
 ZERO_STAGES = (0, 1, 2, 3)
 #: Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); full (every layer).

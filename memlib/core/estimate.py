@@ -17,7 +17,8 @@ from typing import Any
 
 from . import families_moe
 from .activations import ActivationTerm, _activation_terms, _sum_terms, activation_terms, korthikanti_activation_bytes
-from .choices import ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE
+from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
+                      RECOMPUTE)
 from .categories import estimate_by_category
 from .checkpointing import segment_layers
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
@@ -30,6 +31,7 @@ from .setup import InferenceSetup, TrainingSetup
 __all__ = [
     "PRECISIONS",
     "OPTIMIZERS",
+    "OPTIMIZER_IMPLS",
     "RECOMPUTE",
     "ATTENTION",
     "OFFLOAD",
@@ -378,31 +380,110 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
 def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n: int, n_train: int) -> int:
     """Temporaries of the optimizer step, on top of the states and all gradients.
 
-    ``torch.optim.AdamW``'s foreach path (``torch/optim/adam.py``, ``_multi_tensor_adam``:
-    ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``) allocates one buffer the size of all of v:
-    2·Ψ in pure bf16, 4·Ψ in fp32 (÷ N_d with ZeRO), 4·Ψ_train for LoRA's fp32 adapters. The mixed-precision
-    step goes one tensor at a time: a tensor's 16-bit gradient becomes an fp32 gradient (plus an fp32 sqrt
-    buffer for AdamW: 8 bytes per element, 4 otherwise) and is then freed; the embedding comes first, so the
-    peak is at it or at the largest tensor after it. With offload the step runs on the CPU: 0.
+    ``torch.optim.AdamW`` has three implementations (``torch/optim/adam.py``), chosen by
+    ``setup.optimizer_impl``:
+
+    * ``foreach`` (``_multi_tensor_adam``): ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``
+      allocates one buffer the size of all of v, updated in place (``_foreach_div_``, ``_foreach_add_``) until
+      ``_foreach_addcdiv_``; nothing else of full size coexists with it (the gradients are not copied without
+      ``maximize`` or L2 weight decay). 2·Ψ in pure bf16, 4·Ψ in fp32 (÷ N_d with ZeRO), 4·Ψ_train for LoRA's
+      fp32 adapters.
+    * ``for-loop`` (``_single_tensor_adam``): per tensor, ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)
+      .add_(eps)`` holds the sqrt and the quotient at once, and the previous tensor's ``denom`` lives until the
+      name is rebound: max over tensors i of (numel(i−1) + 2·numel(i)) elements of v's dtype
+      (:func:`_for_loop_elements`, in ``model.parameters()`` order). ZeRO does not shrink it (torch's
+      ``ZeroRedundancyOptimizer`` gives each rank whole tensors).
+    * ``fused`` (``_fused_adam``: ``torch._fused_adamw_``): one kernel updates params, m and v in place, no
+      full-size temporary: 0.
+
+    The mixed-precision step goes one tensor at a time: a tensor's 16-bit gradient becomes an fp32 gradient
+    (4 bytes per element) plus AdamW's temporaries of that one tensor (foreach 4, for-loop 8, fused 0 bytes per
+    element) and is then freed; the embedding comes first, so the peak is at it or at the largest tensor after
+    it. For fused AdamW the larger moment is the cast itself (``m.grad = p.grad.float()``: the fp32 gradient
+    beside the 16-bit one, 4 bytes per element on top of all gradients). SGD (``_multi_tensor_sgd``/``_single_tensor_sgd`` without Nesterov or weight decay: in place) and
+    bitsandbytes' adamw-8bit (its own kernels) ignore ``optimizer_impl``. With offload the step runs on the
+    CPU: 0.
     """
-    full, optimizer, n_gpus = setup.method == "full", setup.optimizer, setup.num_gpus
+    full, optimizer, n_gpus, impl = setup.method == "full", setup.optimizer, setup.num_gpus, setup.optimizer_impl
     if setup.offload != "none":
         return 0
+    adamw = optimizer == "adamw"
     if not full:
-        step_temp = 4 * n_train if optimizer == "adamw" else 0
+        if adamw and impl == "for-loop":
+            return 4 * _lora_for_loop_elements(cfg, setup)
+        step_temp = 4 * n_train if adamw and impl == "foreach" else 0
         return -(-step_temp // n_gpus) if setup.zero_stage >= 1 else step_temp
     if setup.precision.endswith("-mixed"):
         h, f, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-        per_elem = 8 if optimizer == "adamw" else 4
+        per_elem = 4 + (_ADAMW_TEMP_BYTES[impl] if adamw else 0)
         n_embed = V * h
         n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
                  else max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
         g_elem = g_bytes / n
-        return int(max((per_elem - g_elem) * n_embed, (per_elem - g_elem) * n_max - g_elem * n_embed))
-    if optimizer == "adamw":
-        step_temp = int((4 if setup.precision == "fp32" else 2) * n)
+        extra = per_elem - g_elem
+        if adamw:  # the cast: the fp32 gradient made while the 16-bit one still lives (fused: the larger moment)
+            extra = max(extra, 4)
+        return int(max(extra * n_embed, extra * n_max - g_elem * n_embed))
+    if adamw:
+        v_bytes = 4 if setup.precision == "fp32" else 2
+        if impl == "fused":
+            return 0
+        if impl == "for-loop":
+            return v_bytes * _for_loop_elements(cfg)
+        step_temp = int(v_bytes * n)
         return -(-step_temp // n_gpus) if setup.zero_stage >= 1 else step_temp
     return 0
+
+
+#: Bytes per element of one fp32 tensor's AdamW temporaries, per implementation (the mixed-precision step).
+_ADAMW_TEMP_BYTES = {"foreach": 4, "fused": 0, "for-loop": 8}
+
+
+def _for_loop_elements(cfg: ModelConfig) -> int:
+    """Elements of ``_single_tensor_adam``'s temporaries at their peak: max_i numel(i−1) + 2·numel(i).
+
+    Exact for the llama-like families (llama, mistral, qwen2, gemma, qwen3, olmo2), whose parameters are listed in
+    ``model.parameters()`` order; for the others an upper bound, max(2·embedding, 3·largest other tensor).
+    """
+    order = _parameter_order(cfg)
+    if order is not None:
+        return max(prev + 2 * cur for prev, cur in zip([0] + order, order))
+    h, f, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
+             else max(h * f, 3 * h * h, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
+    return max(2 * V * h, 3 * n_max)
+
+
+def _parameter_order(cfg: ModelConfig) -> list[int] | None:
+    """Element counts of the parameter tensors in ``model.parameters()`` order, for the llama-like families.
+
+    The order is the modules' ``__init__`` order in transformers (``LlamaDecoderLayer``: self_attn (q, k, v, o
+    with their biases, then Qwen3's/OLMo2's q_norm, k_norm), mlp (gate, up, down), then the two norms). None
+    for the other families.
+    """
+    if (cfg.model_type not in ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2") or cfg.moe is not None
+            or cfg.mla is not None or cfg.learned_positions):
+        return None
+    h, q, kv, f, V = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size, cfg.vocab_size
+    qkv_b = cfg.qkv_bias
+    layer = [h * q] + ([q] if qkv_b else []) + [h * kv] + ([kv] if qkv_b else []) + [h * kv]
+    layer += ([kv] if qkv_b else []) + [q * h] + ([h] if cfg.out_bias else [])
+    if cfg.model_type == "qwen3":
+        layer += [cfg.head_dim, cfg.head_dim]
+    if cfg.model_type == "olmo2":
+        layer += [q, kv]
+    for rows in (f, f):
+        layer += [h * rows] + ([rows] if cfg.mlp_bias else [])
+    layer += [f * h] + ([h] if cfg.mlp_bias else []) + [h, h]
+    return [V * h] + layer * cfg.num_layers + [h] + ([] if cfg.tie_word_embeddings else [V * h])
+
+
+def _lora_for_loop_elements(cfg: ModelConfig, setup: TrainingSetup) -> int:
+    """``_single_tensor_adam``'s peak temporaries over the LoRA adapters (A = r × in, then B = out × r)."""
+    r = setup.lora_rank
+    order = [x for _, d_in, d_out in targeted_linears(cfg, setup.lora_targets) for x in (r * d_in, d_out * r)]
+    order = order * cfg.num_layers
+    return max(prev + 2 * cur for prev, cur in zip([0] + order, order))
 
 
 def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = None,
@@ -414,7 +495,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       lora_rank: int | None = None, lora_targets: str | None = None, tp: int | None = None,
                       pp: int | None = None, cp: int | None = None, ep: int | None = None,
                       sequence_parallel: bool | None = None, micro_batches: int | None = None,
-                      pp_schedule: str | None = None) -> TrainingEstimate:
+                      pp_schedule: str | None = None, optimizer_impl: str | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the ZeRO paper (§5): stage 1 shards optimizer states,
@@ -422,7 +503,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     The peak is the larger of (a) the backward pass — states + saved activations + the loss and backward
     temporaries, with gradients accumulating while activations are freed — and (b) the optimizer step —
     states + all gradients + the step's temporaries (``torch.optim.AdamW``'s foreach path allocates one
-    full-size buffer for sqrt(v)).
+    full-size buffer for sqrt(v), the for-loop path two of the largest tensor, the fused path none:
+    :func:`optimizer_step_bytes`).
 
     Call it with a setup, ``estimate_training("llama-2-7b", TrainingSetup(batch_size=4, zero_stage=3,
     num_gpus=8))``, or with the setup's fields as keywords (``estimate_training("llama-2-7b", batch_size=4)``),
@@ -439,6 +521,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         seq_len: sequence length.
         precision: ``fp32``, ``fp16-mixed``, ``bf16-mixed`` or ``bf16``.
         optimizer: ``sgd``, ``sgd-momentum``, ``adamw`` or ``adamw-8bit``.
+        optimizer_impl: ``foreach`` (default), ``fused`` or ``for-loop``: the torch.optim.AdamW implementation
+            (``adamw`` only; :data:`memlib.core.choices.OPTIMIZER_IMPLS`).
         zero_stage: 0 (plain data parallel), 1, 2 or 3.
         num_gpus: data-parallel GPUs sharing the states.
         recompute: ``none``, ``selective`` (attention core recomputed, Megatron-style) or ``full``
@@ -481,7 +565,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
         num_gpus=num_gpus, recompute=recompute, attention=attention, checkpoint_every=checkpoint_every,
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
-        sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule))
+        sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
+        optimizer_impl=optimizer_impl))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
@@ -546,6 +631,8 @@ def _echo(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train: int) -
         "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
         "recompute": setup.recompute, "attention": setup.attention, "checkpoint_every": setup.checkpoint_every,
         "offload": setup.offload, "method": setup.method}
+    if setup.optimizer_impl != "foreach":  # the default is not echoed, so default JSON stays as it was
+        settings["optimizer_impl"] = setup.optimizer_impl
     if setup.method != "full":
         settings.update(lora_rank=setup.lora_rank, lora_targets=setup.lora_targets)
     if cfg is not None:

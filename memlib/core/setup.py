@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZERS, PRECISIONS, RECOMPUTE,
-                      SCHEDULES, ZERO_STAGES)
+from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
+                      RECOMPUTE, SCHEDULES, ZERO_STAGES)
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 
@@ -25,6 +25,8 @@ class TrainingSetup:
         seq_len: sequence length (checked against the model's maximum positions by the estimator).
         precision: one of :data:`memlib.core.choices.PRECISIONS`.
         optimizer: one of :data:`memlib.core.choices.OPTIMIZERS`.
+        optimizer_impl: one of :data:`memlib.core.choices.OPTIMIZER_IMPLS`: which torch.optim.AdamW path runs
+            the step (``foreach``, ``fused`` or ``for-loop``); only ``adamw`` uses it.
         zero_stage: 0 (plain data parallel), 1, 2 or 3 (ZeRO paper §5).
         num_gpus: GPUs (data-parallel ones; the total with model parallelism).
         recompute: ``none``, ``selective`` or ``full``.
@@ -65,10 +67,12 @@ class TrainingSetup:
     sequence_parallel: bool = False
     micro_batches: int = 1
     pp_schedule: str = "1f1b"
+    optimizer_impl: str = "foreach"
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("optimizer impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_choice("zero stage", self.zero_stage, ZERO_STAGES)
         check_choice("recompute", self.recompute, RECOMPUTE)
         check_choice("attention", self.attention, ATTENTION)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.categories import MemCategory
-from ..core.choices import ATTENTION, OPTIMIZERS
+from ..core.choices import ATTENTION, OPTIMIZER_IMPLS, OPTIMIZERS
 from ..core.configs import ModelConfig, check_seq_len, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.tracing import TraceResult
@@ -245,15 +245,19 @@ def _model_classes(model_type: str) -> tuple[Any, Any]:
     return getattr(configs, config_name), getattr(models, model_name)
 
 
-def _make_optimizer(name: str, params: list[Any]) -> Any:
+def _make_optimizer(name: str, params: list[Any], impl: str = "foreach") -> Any:
+    """The torch optimizer of a trace; ``impl`` picks torch.optim.AdamW's path (SGD and adamw-8bit ignore it)."""
     torch = _torch()
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, foreach=True)
     if name == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
     if name == "adamw":
-        # foreach=True is PyTorch's default on CUDA; set it explicitly so meta and CPU traces match a GPU.
-        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        # Set explicitly (foreach=True is PyTorch's default on CUDA, foreach=False on CPU) so that meta, CPU and
+        # GPU traces run the same path.
+        flags = {"foreach": dict(foreach=True, fused=False), "fused": dict(foreach=False, fused=True),
+                 "for-loop": dict(foreach=False, fused=False)}[impl]
+        return torch.optim.AdamW(params, lr=1e-4, **flags)
     try:
         import bitsandbytes as bnb
     except ImportError:  # pragma: no cover
@@ -261,11 +265,31 @@ def _make_optimizer(name: str, params: list[Any]) -> Any:
     return bnb.optim.AdamW8bit(params, lr=1e-4)
 
 
+def _init_fused_state(opt: Any) -> None:
+    """Create a fused AdamW's states as ``Adam._init_group`` does, skipping its device check (meta device).
+
+    ``_device_dtype_check_for_fused`` refuses meta tensors, although ``aten._fused_adamw_`` has a meta kernel
+    (``torch/_meta_registrations.py``, ``meta__fused_adam_``). With the states made here (a float32 ``step`` on the
+    parameter's device, m and v ``zeros_like`` the parameter) the check never runs and the step runs torch's own
+    ``_fused_adam``, so the meta trace holds what a CUDA or CPU fused step holds.
+    """
+    torch = _torch()
+    for group in opt.param_groups:
+        if not group.get("fused"):
+            continue
+        for p in group["params"]:
+            state = opt.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1, seq_len: int = 512,
                    precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
                    seed: int = 0, extrapolate: bool = True,
-                   model_hook: Callable[[Any], Any] | None = None) -> TraceResult:
+                   model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach") -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -294,6 +318,10 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             points and the full trace runs instead if any point disagrees. The tests compare the two.
         model_hook: called with the freshly built model; returns the model to trace (Chapter 4 wraps runs
             of decoder layers in ``torch.utils.checkpoint`` this way).
+        optimizer_impl: torch.optim.AdamW's implementation: ``foreach`` (``foreach=True``), ``fused``
+            (``fused=True``; on meta its states are made as ``Adam._init_group`` makes them, so torch's device
+            check, which refuses meta, is skipped and ``aten._fused_adamw_``'s meta kernel runs) or ``for-loop``
+            (``foreach=False, fused=False``). SGD and adamw-8bit ignore it.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -312,6 +340,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     check_seq_len(limits, seq_len)  # transformers would fail on longer inputs (GPT-2: IndexError)
     check_choice("precision", precision, TRACE_PRECISIONS)
     check_choice("optimizer", optimizer, TRACE_OPTIMIZERS)
+    check_choice("optimizer impl", optimizer_impl, OPTIMIZER_IMPLS)
     check_choice("attention", attention, ATTENTION)
     check_choice("recompute", recompute, ("none", "full"))
     check_choice("device", device, ("meta", "cpu", "cuda"))
@@ -320,7 +349,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
-                            attention=attention, recompute=recompute, device=device, seed=seed)
+                            attention=attention, recompute=recompute, device=device, seed=seed,
+                            optimizer_impl=optimizer_impl)
     lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
     if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
             and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
@@ -333,6 +363,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             peak, totals, phase = fit
             settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
                         "optimizer": optimizer, "attention": attention, "recompute": recompute}
+            if optimizer_impl != "foreach":
+                settings["optimizer_impl"] = optimizer_impl
             return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
                                peak_phase=phase, device=device, settings=settings, method="extrapolated")
     tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
@@ -389,11 +421,13 @@ class _StepOptions(TypedDict):
     recompute: str
     device: str
     seed: int
+    optimizer_impl: str
 
 
 def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
                 recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
-                model_hook: Callable[[Any], Any] | None = None) -> tuple[MemoryTracker, dict[str, Any]]:
+                model_hook: Callable[[Any], Any] | None = None,
+                optimizer_impl: str = "foreach") -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
     torch = _torch()
     torch.manual_seed(seed)
@@ -419,7 +453,11 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         tracker.reclassify(m, MemCategory.OPTIMIZER)
         m.requires_grad_(True)
     # Mixed precision: one optimizer per master tensor, so each step touches only the tensor being updated.
-    opts = [_make_optimizer(optimizer, [m]) for m in masters] if mixed else [_make_optimizer(optimizer, params)]
+    opts = ([_make_optimizer(optimizer, [m], optimizer_impl) for m in masters] if mixed
+            else [_make_optimizer(optimizer, params, optimizer_impl)])
+    if device == "meta":
+        for opt in opts:
+            _init_fused_state(opt)
     vocab = int(net.config.vocab_size)
     input_ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)  # (B, T)
     tracker.track_inputs(input_ids)
@@ -473,6 +511,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         step()
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
                 "optimizer": optimizer, "attention": attention, "recompute": recompute}
+    if optimizer_impl != "foreach":
+        settings["optimizer_impl"] = optimizer_impl
     if device == "cuda":  # the CUDA caching allocator's own view of the same step
         torch.cuda.synchronize()
         settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
