@@ -393,16 +393,15 @@ def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n
       name is rebound: max over tensors i of (numel(i−1) + 2·numel(i)) elements of v's dtype
       (:func:`_for_loop_elements`, in ``model.parameters()`` order). ZeRO does not shrink it (torch's
       ``ZeroRedundancyOptimizer`` gives each rank whole tensors).
-    * ``fused`` (``_fused_adam``: ``torch._fused_adamw_``): one kernel updates params, m and v in place, no
-      full-size temporary: 0.
+    * ``fused`` (``_fused_adam``: ``torch._fused_adamw_``): one kernel updates params, m and v in place: 0.
 
     The mixed-precision step goes one tensor at a time: a tensor's 16-bit gradient becomes an fp32 gradient
     (4 bytes per element) plus AdamW's temporaries of that one tensor (foreach 4, for-loop 8, fused 0 bytes per
     element) and is then freed; the embedding comes first, so the peak is at it or at the largest tensor after
     it. For fused AdamW the larger moment is the cast itself (``m.grad = p.grad.float()``: the fp32 gradient
-    beside the 16-bit one, 4 bytes per element on top of all gradients). SGD (``_multi_tensor_sgd``/``_single_tensor_sgd`` without Nesterov or weight decay: in place) and
-    bitsandbytes' adamw-8bit (its own kernels) ignore ``optimizer_impl``. With offload the step runs on the
-    CPU: 0.
+    beside the 16-bit one, 4 bytes per element on top of all gradients). SGD (``_multi_tensor_sgd`` and
+    ``_single_tensor_sgd`` without Nesterov or weight decay work in place) and bitsandbytes' adamw-8bit (its own
+    kernels) ignore ``optimizer_impl``. With offload the step runs on the CPU: 0.
     """
     full, optimizer, n_gpus, impl = setup.method == "full", setup.optimizer, setup.num_gpus, setup.optimizer_impl
     if setup.offload != "none":
