@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .core.choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS,
-                           PRECISIONS, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
+from .core.choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS,
+                           OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GB, GiB
 from .core.errors import MemlibError
@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="torch.optim.AdamW implementation: foreach (default, CUDA's), fused or for-loop")
+    t.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
+                   help="whose memory layout: pytorch (default: torch.autocast AMP, ZeRO-1 as ZeroRedundancyOptimizer), "
+                        "deepspeed (ZeRO 0-3, offload), fsdp2 (ZeRO 2-3) or megatron (tp/pp, distributed optimizer)")
     t.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
@@ -258,7 +261,7 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
                          cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
                          micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
-                         optimizer_impl=args.optimizer_impl)
+                         optimizer_impl=args.optimizer_impl, framework=args.framework)
 
 
 def _plan_text(result: Any) -> str:

@@ -13,7 +13,8 @@ from typing import NoReturn
 from .dtypes import WEIGHT_FORMATS
 from .lora import LORA_TARGETS, METHODS
 
-__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
+__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "framework_combinations",
+           "check_framework", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
            "LORA_TARGETS", "SCHEDULES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
@@ -26,6 +27,18 @@ OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
 #: (``_single_tensor_adam``, ``foreach=False, fused=False``, the CPU default). bitsandbytes' adamw-8bit and SGD
 #: ignore it.
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+#: Training frameworks whose memory layout the estimator follows (Chapter 1; :mod:`memlib.core.frameworks`):
+#: ``pytorch`` (torch.autocast AMP, fp32 params and grads; ZeRO-1 is ``ZeroRedundancyOptimizer``), ``deepspeed``
+#: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with
+#: ``MixedPrecisionPolicy``), ``megatron`` (Megatron-LM: fp32 ``main_grad``, the distributed optimizer as ZeRO-1).
+FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
+#: What each framework supports: (ZeRO stages, offload choices, model parallelism allowed).
+FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], bool]] = {
+    "pytorch": ((0, 1), ("none",), False),
+    "deepspeed": ((0, 1, 2, 3), ("none", "optimizer", "params+optimizer"), False),
+    "fsdp2": ((2, 3), ("none", "params+optimizer"), False),
+    "megatron": ((0, 1), ("none",), True),
+}
 #: ZeRO stages (Rajbhandari et al. 2020, §5): 0 plain data parallel; 1 optimizer states; 2 + gradients; 3 + weights.
 ZERO_STAGES = (0, 1, 2, 3)
 #: Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); full (every layer).
@@ -39,6 +52,34 @@ OFFLOAD = ("none", "optimizer", "params+optimizer")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: KV-cache element types and their bytes.
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def framework_combinations() -> str:
+    """The valid framework combinations, in one line (the tail of every combination error)."""
+    parts = []
+    for name, (stages, offloads, mp) in FRAMEWORK_SUPPORT.items():
+        zero = "-".join(str(z) for z in (stages[0], stages[-1])) if len(stages) > 1 else str(stages[0])
+        parts.append(f"{name}: zero {zero}, offload {'/'.join(offloads)}" + (", tp/pp/cp/ep" if mp else ""))
+    return "; ".join(parts)
+
+
+def check_framework(framework: str, zero_stage: int, offload: str, model_parallel: bool) -> None:
+    """Raise :class:`~memlib.core.errors.MemlibError` (one line naming the valid combinations) for a combination
+    the framework does not support, e.g. ``pytorch`` with ZeRO-2 (torch has no ZeRO-2; use deepspeed or fsdp2)."""
+    from .errors import MemlibError, check_choice
+
+    check_choice("framework", framework, FRAMEWORKS)
+    stages, offloads, mp = FRAMEWORK_SUPPORT[framework]
+    bad = []
+    if zero_stage not in stages:
+        bad.append(f"zero {zero_stage}")
+    if offload not in offloads:
+        bad.append(f"offload {offload!r}")
+    if model_parallel and not mp:
+        bad.append("tensor/pipeline/context/expert parallelism")
+    if bad:
+        raise MemlibError(f"framework {framework!r} does not support {' with '.join(bad)}; valid combinations: "
+                          f"{framework_combinations()}")
 
 
 class OneLineParser(argparse.ArgumentParser):

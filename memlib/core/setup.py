@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
-                      RECOMPUTE, SCHEDULES, ZERO_STAGES)
+                      RECOMPUTE, SCHEDULES, ZERO_STAGES, check_framework)
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 
@@ -36,6 +36,9 @@ class TrainingSetup:
         method: ``full`` fine-tuning, ``lora`` or ``qlora``.
         lora_rank: LoRA rank r (``lora``/``qlora``).
         lora_targets: one of :data:`memlib.core.choices.LORA_TARGETS`.
+        framework: one of :data:`memlib.core.choices.FRAMEWORKS` (default ``pytorch``): whose memory layout the
+            estimate follows (:mod:`memlib.core.frameworks`); each supports the ZeRO stages, offload and
+            parallelism listed in :data:`memlib.core.choices.FRAMEWORK_SUPPORT`.
         tp, pp, cp, ep: tensor-, pipeline-, context- and expert-parallel degrees (Chapter 15).
         sequence_parallel: Megatron sequence parallelism (with tp).
         micro_batches: pipeline micro-batches per step.
@@ -43,7 +46,7 @@ class TrainingSetup:
 
     Raises:
         MemlibError: on construction, for a bad value (one line naming it and the valid choices) or a
-            combination that does not exist (``checkpoint_every`` without full recomputation, parameter offload
+            combination that does not exist (a framework without that ZeRO stage or offload, ``checkpoint_every`` without full recomputation, parameter offload
             below ZeRO-3). Checks that need the model (sequence length, heads dividing tp) are the estimator's.
     """
 
@@ -68,6 +71,7 @@ class TrainingSetup:
     micro_batches: int = 1
     pp_schedule: str = "1f1b"
     optimizer_impl: str = "foreach"
+    framework: str = "pytorch"
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
@@ -84,6 +88,7 @@ class TrainingSetup:
                              ("checkpoint_every", "checkpoint_every"), ("lora_rank", "lora rank"), ("tp", "tp"),
                              ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches")):
             object.__setattr__(self, field, check_positive(label, getattr(self, field)))
+        check_framework(self.framework, self.zero_stage, self.offload, self.model_parallel)
         if self.model_parallel:
             return  # memlib.core.parallel.check_layout checks the layout against the model
         if self.checkpoint_every != 1 and self.recompute != "full":
@@ -98,6 +103,11 @@ class TrainingSetup:
         """True when a tensor/pipeline/context/expert-parallel setting differs from plain data parallelism."""
         return (self.tp, self.pp, self.cp, self.ep, self.sequence_parallel, self.micro_batches,
                 self.pp_schedule) != (1, 1, 1, 1, False, 1, "1f1b")
+
+    @property
+    def autocast(self) -> bool:
+        """True for torch.autocast mixed precision: fp32 weights, 16-bit copies made per op (``pytorch`` only)."""
+        return self.framework == "pytorch" and self.precision.endswith("-mixed")
 
     @property
     def act_bytes(self) -> int:
