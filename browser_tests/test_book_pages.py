@@ -133,7 +133,7 @@ def test_zero_table_1_is_an_html_table(book_check) -> None:
     """Chapter 6 shows the ZeRO paper's Table 1 as a real <table>: the 54 cells memlib recomputes, in place."""
     import sys
     sys.path.insert(0, str(REPO))
-    from memlib.core.zero import TABLE1_DP, TABLE1_PARAMS, table1
+    from memlib._book.ch06_zero_fsdp import TABLE1_DP, TABLE1_PARAMS, table1
 
     t = _table(_report(book_check, "chapters/06_"), "Table 1")
     assert t["reference"]

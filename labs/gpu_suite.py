@@ -113,7 +113,7 @@ def part_checkpointing(command: str) -> list[Path]:
 
 def part_accumulation(command: str) -> list[Path]:
     """Chapter 5: peak memory vs micro-batch and accumulation steps, with the CUDA allocator's peak."""
-    from memlib.measure.accumulation import memory_sweep
+    from memlib._book.ch05_gradient_accumulation import memory_sweep
 
     return _record("05_accumulation_memory",
                    lambda: {"rows": memory_sweep("gpt2", seq_len=512, overrides={"n_layer": 4}, device="cuda")},
@@ -136,7 +136,7 @@ def part_paged(command: str) -> list[Path]:
 
 def part_inference(command: str) -> list[Path]:
     """Chapter 11: weights, KV cache and peak of a real prefill + decode."""
-    from memlib.measure.inference import measure_serving
+    from memlib._book.ch11_inference_memory import measure_serving
 
     return _record("inference_serving", lambda: measure_serving("qwen2-0.5b", device="cuda", batch_size=8,
                                                                 prompt_len=512, new_tokens=64, dtype="bf16"),
@@ -181,10 +181,10 @@ PARTS: dict[str, Callable[[str], list[Path]]] = {
 # the functions each part calls, checked by --dry-run (and by tests/test_gpu_suite.py) without a GPU
 CALLS = {"training": ["memlib.measure.trace:trace_training", "memlib.core.estimate:estimate_training"],
          "checkpointing": ["memlib.measure.checkpointing:gpu_checkpointing_results"],
-         "accumulation": ["memlib.measure.accumulation:memory_sweep"],
+         "accumulation": ["memlib._book.ch05_gradient_accumulation:memory_sweep"],
          "offload": ["memlib.measure.offload:offload_gpu_results"],
          "paged": ["memlib.measure.quant:paged_adamw_gpu_results"],
-         "inference": ["memlib.measure.inference:measure_serving"],
+         "inference": ["memlib._book.ch11_inference_memory:measure_serving"],
          "profiling": ["memlib.measure.profiling:write_gpu_results"],
          "results": ["memlib.measure.results:load_or_measure", "memlib.measure.results:save_recorded"],
          "notebook_labs": ["nbclient:NotebookClient", "nbformat:read"]}

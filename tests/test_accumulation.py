@@ -1,4 +1,4 @@
-"""Tests for memlib.measure.accumulation (Chapter 5): equivalence, loss normalization, memory, FLOPs, DDP no_sync."""
+"""memlib._book.ch05_gradient_accumulation (Chapter 5): equivalence, loss normalization, memory, FLOPs, DDP no_sync."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.measure import accumulation as acc
+from memlib._book import ch05_gradient_accumulation as acc
 from memlib.core.errors import MemlibError
 
 torch = pytest.importorskip("torch")
@@ -164,7 +164,7 @@ def test_ddp_run_times_out_instead_of_hanging(monkeypatch, expired_deadline) -> 
     # as TimeoutError and leaves no process behind
     import multiprocessing
 
-    from memlib.measure import accumulation_ddp
+    from memlib._book import ch05_gradient_accumulation_ddp as accumulation_ddp
 
     monkeypatch.setattr(accumulation_ddp, "join_with_deadline", expired_deadline)
     with pytest.raises(TimeoutError, match="DDP run did not finish within 5 s"):

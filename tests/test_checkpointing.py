@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib.measure.checkpointing import (apply_checkpointing, best_checkpoint_every, largest_batch, measure_offload,
-                                  measure_recompute, measure_stack, segment_peak_bytes, stack_flops, step_flops,
-                                  trace_recompute)
+from memlib.measure.checkpointing import (apply_checkpointing, best_checkpoint_every, largest_batch, measure_stack,
+                                          segment_peak_bytes, trace_recompute)
+from memlib._book.ch04_activations_checkpointing import measure_offload, measure_recompute, stack_flops, step_flops
 from memlib.core.configs import load_config
 from memlib.core.errors import MemlibError
 from memlib.core.estimate import estimate_training

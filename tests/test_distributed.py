@@ -6,20 +6,13 @@ import pytest
 
 from memlib import MemlibError
 from memlib.measure import distributed
-from memlib.measure.distributed import (
-    STRATEGIES,
-    STRATEGY_STAGE,
-    TINY_LLAMA,
-    bus_bytes,
-    deepspeed_estimates,
-    main,
-    reference_losses,
-    run_sharded,
-)
+from memlib.measure.distributed import STRATEGIES, STRATEGY_STAGE, TINY_LLAMA, bus_bytes, main, run_sharded
+from memlib._book.ch06_zero_fsdp import deepspeed_estimates, reference_losses
 from memlib.core.estimate import estimate_training
 from memlib.core.params import count_params
 from memlib.measure.procs import idle_worker, join_with_deadline
-from memlib.core.zero import comm_volume, deepspeed_zero2_bytes, deepspeed_zero3_bytes, fsdp_peak_bytes
+from memlib.core.zero import comm_volume
+from memlib._book.ch06_zero_fsdp import deepspeed_zero2_bytes, deepspeed_zero3_bytes, fsdp_peak_bytes
 
 PC = count_params(TINY_LLAMA)
 PSI = PC.params

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from memlib import MemlibError, count_params, load_config, shipped_models
 from memlib.cli import main
 from memlib.core.estimate import estimate_training
-from memlib.core.lora import frozen_linear_params, lora_params, qlora_base_bytes
+from memlib.core.lora import lora_params, qlora_base_bytes
+from memlib._book.ch09_lora_qlora import frozen_linear_params
 
 
 def test_lora_params_llama2_7b_matches_the_published_peft_count() -> None:

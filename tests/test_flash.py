@@ -12,21 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib.core.errors import MemlibError
-from memlib.measure.flash import (
-    AttentionIO,
-    FlashAttentionFn,
-    attention_flops,
-    attention_peak_bytes,
-    flash_attention,
-    flash_attention_backward,
-    flash_attention_forward,
-    flash_block_sizes,
-    flash_forward_counted,
-    flash_io_bytes,
-    naive_attention,
-    standard_forward_counted,
-    standard_io_bytes,
-)
+from memlib.measure.flash import (AttentionIO, FlashAttentionFn, attention_flops, flash_attention,
+                                  flash_attention_backward, flash_attention_forward, flash_block_sizes, flash_io_bytes,
+                                  naive_attention, standard_io_bytes)
+from memlib._book.ch10_flash_attention import attention_peak_bytes, flash_forward_counted, standard_forward_counted
 
 TOL = {torch.float64: 1e-6, torch.float32: 1e-5}
 

@@ -9,24 +9,10 @@ from hypothesis import strategies as st
 
 from memlib.core.configs import load_config, shipped_models
 from memlib.core.errors import MemlibError
-from memlib.core.flops import (
-    attainable_flops,
-    forward_flops,
-    hfu,
-    kaplan_flops,
-    matmul_intensity,
-    matmul_params,
-    megatron_flops,
-    mfu,
-    narayanan_flops,
-    op_intensities,
-    palm_flops,
-    ridge_point,
-    throughput_utilization,
-    tokens_per_second_at_peak,
-    training_flops,
-    utilization,
-)
+from memlib.core.flops import (attainable_flops, forward_flops, hfu, matmul_params, mfu, palm_flops, ridge_point,
+                               training_flops, utilization)
+from memlib._book.ch12_profiling import (kaplan_flops, matmul_intensity, megatron_flops, narayanan_flops,
+                                         op_intensities, throughput_utilization, tokens_per_second_at_peak)
 from memlib.core.params import count_params
 
 torch = pytest.importorskip("torch")

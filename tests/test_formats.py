@@ -11,19 +11,10 @@ from hypothesis import strategies as st
 
 from memlib.core.dtypes import FLOAT_FORMATS
 from memlib.core.errors import MemlibError
-from memlib.core.formats import (
-    FORMAT_NAMES,
-    decode,
-    encode,
-    format_properties,
-    from_bits,
-    overflow_fraction,
-    properties_table,
-    round_to_format,
-    to_bits,
-    ulp,
-    underflow_fraction,
-)
+from memlib.core.formats import (FORMAT_NAMES, decode, encode, format_properties, round_to_format, to_bits,
+                                 underflow_fraction)
+from memlib._book.ch02_number_formats import from_bits, properties_table
+from memlib._book.ch03_mixed_precision import overflow_fraction, ulp
 
 TORCH_DTYPE = {
     "fp32": torch.float32,

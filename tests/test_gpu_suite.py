@@ -31,7 +31,8 @@ def test_a_part_records_its_json_with_one_provenance_record(tmp_path: Path, monk
     """Every part writes through memlib.measure.results: the measured values plus one provenance record."""
     import importlib.util
 
-    from memlib.measure import inference, results
+    from memlib._book import ch11_inference_memory as inference
+    from memlib.measure import results
 
     spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
     assert spec is not None and spec.loader is not None

@@ -124,7 +124,8 @@ def test_known_links_and_fp8() -> None:
 def test_other_modules_read_this_table() -> None:
     # one fact, one place: the offload model's peaks and links, the inference capacities and ZeRO's V100 are
     # views of this table, not copies
-    from memlib.core import inference, offload, zero
+    from memlib._book import ch06_zero_fsdp as zero
+    from memlib.core import inference, offload
 
     assert offload.LINK_BANDWIDTH is LINK_BANDWIDTH and inference.GPU_MEMORY is GPU_MEMORY
     assert offload.GPU_PEAK_FLOPS == {k: get_gpu(k).peak_flops("fp16") for k in offload.GPU_PEAK_FLOPS}

@@ -7,20 +7,10 @@ from hypothesis import strategies as st
 
 from memlib import GB, GiB, MemlibError, load_config
 from memlib.core.estimate import estimate_inference
-from memlib.core.inference import (
-    DEFAULT_CUDA_CONTEXT,
-    GPU_MEMORY,
-    KV_LAYOUTS,
-    batch_context_frontier,
-    forward_activation_bytes,
-    group_quant_bits,
-    kv_bytes_per_token,
-    max_batch_size,
-    max_seq_len,
-    paged_kv_tokens,
-    reserve_bytes,
-    serving_fit,
-)
+from memlib.core.inference import (DEFAULT_CUDA_CONTEXT, GPU_MEMORY, KV_LAYOUTS, batch_context_frontier,
+                                   forward_activation_bytes, kv_bytes_per_token, max_batch_size, max_seq_len,
+                                   paged_kv_tokens, reserve_bytes, serving_fit)
+from memlib._book.ch11_inference_memory import group_quant_bits
 
 MODELS = ["llama-7b", "llama-2-70b", "llama-3-8b", "mistral-7b", "qwen2-0.5b", "gpt2", "gemma-2b"]
 QUANTIZED = ["int8", "int4", "nf4"]
@@ -231,7 +221,7 @@ def test_frontier_figure_and_widget_callback() -> None:
 
 def test_dynamic_cache_bytes_equal_formula() -> None:
     pytest.importorskip("transformers")
-    from memlib.measure.inference import measure_kv_cache
+    from memlib._book.ch11_inference_memory import measure_kv_cache
 
     rows = measure_kv_cache(kv_heads=(4, 1), batch_size=3, prompt_len=5, new_tokens=2, dtype="fp32")
     for r in rows:
@@ -242,7 +232,7 @@ def test_dynamic_cache_bytes_equal_formula() -> None:
 
 def test_bnb_int8_weights_measured() -> None:
     pytest.importorskip("bitsandbytes")
-    from memlib.measure.inference import measure_int8_weights, tiny_llama_config
+    from memlib._book.ch11_inference_memory import measure_int8_weights, tiny_llama_config
 
     cfg = tiny_llama_config(hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=256,
                             vocab_size=256)
@@ -259,7 +249,7 @@ def test_bnb_int8_weights_measured() -> None:
 
 def test_measure_serving_on_cpu() -> None:
     pytest.importorskip("transformers")
-    from memlib.measure.inference import measure_serving, tiny_llama_config
+    from memlib._book.ch11_inference_memory import measure_serving, tiny_llama_config
 
     cfg = tiny_llama_config(num_kv_heads=2)
     r = measure_serving(cfg, device="cpu", batch_size=2, prompt_len=6, new_tokens=3, dtype="fp32")
@@ -274,7 +264,7 @@ def test_measure_serving_on_cpu() -> None:
                                              ("qwen2-0.5b", 2, 512), ("qwen2-0.5b", 4, 128), ("gemma-2b", 1, 512)])
 def test_activation_formula_vs_trace(model: str, batch: int, seq: int) -> None:
     pytest.importorskip("transformers")
-    from memlib.measure.inference import measure_forward_peak
+    from memlib._book.ch11_inference_memory import measure_forward_peak
 
     traced = measure_forward_peak(model, batch_size=batch, seq_len=seq)
     est = forward_activation_bytes(model, batch * seq, batch)

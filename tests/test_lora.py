@@ -13,7 +13,8 @@ from memlib.core.lora import lora_params, qlora_base_bytes, targeted_linears as 
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-from memlib.measure.quant import peft_lora_model, peft_trainable_params, trace_lora_step  # noqa: E402
+from memlib.measure.quant import peft_lora_model, peft_trainable_params
+from memlib._book.ch09_lora_qlora import trace_lora_step
 
 TINY_LLAMA = {**load_config("llama-2-7b").raw, "num_hidden_layers": 2, "hidden_size": 256,
               "intermediate_size": 688, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
@@ -94,7 +95,7 @@ def test_traced_lora_activations_follow_the_frozen_weight_rule(targets: str) -> 
 
 @pytest.mark.parametrize("double_quant", [True])
 def test_qlora_base_bytes_equal_bitsandbytes_linear4bit(double_quant: bool) -> None:
-    from memlib.measure.quant import nf4_model_bytes, quantize_linears_nf4
+    from memlib._book.ch09_lora_qlora import nf4_model_bytes, quantize_linears_nf4
     from memlib.measure.trace import build_model
 
     net = quantize_linears_nf4(build_model(TINY_LLAMA, device="cpu", dtype="bf16"), double_quant=double_quant)
@@ -110,7 +111,7 @@ def test_one_nf4_function_biases_stay_16_bit_as_bitsandbytes_keeps_them() -> Non
     # A biased model (Qwen2: q/k/v biases) quantized by bitsandbytes Linear4bit: the bias stays a bf16 parameter.
     from memlib.core.estimate import estimate_inference
     from memlib.core.lora import linear_bias_params, quantized_weight_bytes
-    from memlib.measure.quant import nf4_model_bytes, quantize_linears_nf4
+    from memlib._book.ch09_lora_qlora import nf4_model_bytes, quantize_linears_nf4
     from memlib.measure.trace import build_model
 
     tiny = {**load_config("qwen2-0.5b").raw, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,

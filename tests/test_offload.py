@@ -55,7 +55,7 @@ def test_placement_bad_input() -> None:
 
 def test_estimator_cpu_bytes_match_deepspeed() -> None:
     """Host memory: estimate_training's cpu_bytes = DeepSpeed's estimator without its 1.5 buffer factor."""
-    from memlib.measure.offload import deepspeed_offload_estimators
+    from memlib._book.ch07_offloading import deepspeed_offload_estimators
 
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("DeepSpeed not installed")

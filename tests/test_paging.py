@@ -1,4 +1,4 @@
-"""memlib.core.paging: the paged-optimizer simulation's bookkeeping and invariants."""
+"""memlib._book.ch09_lora_qlora: the paged-optimizer simulation (moved from memlib.core.paging), its invariants."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib.core.errors import MemlibError
-from memlib.core.paging import UM_PAGE_BYTES, simulate_paging
+from memlib._book.ch09_lora_qlora import UM_PAGE_BYTES, simulate_paging
 
 MiB = 2**20
 

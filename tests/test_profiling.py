@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from memlib.core.errors import MemlibError
-from memlib.core.flops import forward_flops, op_intensities, training_flops
+from memlib.core.flops import forward_flops, training_flops
+from memlib._book import ch12_profiling as ch12
+from memlib._book.ch12_profiling import op_intensities
 from memlib.core.hardware import get_gpu
 from memlib.core.params import count_params
 
@@ -48,7 +50,7 @@ def test_profiler_tables_and_trace(tmp_path: Path) -> None:
 
 def test_deepspeed_profile_counts_one_forward() -> None:
     pytest.importorskip("deepspeed")
-    ds = profiling.deepspeed_profile(TINY, batch_size=2, seq_len=32)
+    ds = ch12.deepspeed_profile(TINY, batch_size=2, seq_len=32)
     fwd = forward_flops(TINY, 2, 32).model_flops
     assert fwd <= ds.flops < 1.05 * fwd  # matmuls plus element-wise ops
     assert ds.params == count_params(TINY).params
@@ -73,7 +75,7 @@ def test_matmul_benchmark_and_step_timing() -> None:
 def test_meta_snapshot_timeline_matches_the_tracer() -> None:
     from memlib.measure.trace import trace_training
 
-    snap = profiling.meta_memory_snapshot(TINY, batch_size=2, seq_len=32)
+    snap = ch12.meta_memory_snapshot(TINY, batch_size=2, seq_len=32)
     tl = profiling.snapshot_timeline(snap)
     assert tl.baseline_bytes == 0 and tl.num_events == len(snap["device_traces"][0])
     second_step = dict(snap["phases"])  # last occurrence of each phase: the second step

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memlib._book import ch08_8bit_optimizers as Q8
+from memlib._book import ch09_lora_qlora as Q9
 from memlib.core import quant as Q
 from memlib.core.errors import MemlibError
 
@@ -58,7 +60,7 @@ def _within_one_step(x: np.ndarray, ours: np.ndarray, theirs: np.ndarray, absmax
 # --- maps -------------------------------------------------------------------------------------------------
 
 def test_nf4_table_equals_bitsandbytes() -> None:
-    ours = Q.nf4_levels()
+    ours = Q9.nf4_levels()
     theirs = F.get_4bit_type("nf4", device="cpu").numpy()
     assert ours.shape == (16,)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-7)
@@ -71,19 +73,19 @@ def test_nf4_matches_qlora_paper_appendix_values() -> None:
              -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
              0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
              0.7229568362236023, 1.0]
-    np.testing.assert_allclose(Q.nf4_levels(), paper, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(Q9.nf4_levels(), paper, rtol=0, atol=1e-7)
 
 
 def test_normal_ppf_against_known_quantiles() -> None:
     # Φ⁻¹ values to 1e-12 from the standard tables (and erf identities).
     known = {0.5: 0.0, 0.975: 1.959963984540054, 0.8413447460685429: 1.0, 0.001: -3.090232306167813}
     for p, x in known.items():
-        assert abs(float(Q.normal_ppf(p)) - x) < 1e-9, p
+        assert abs(float(Q9.normal_ppf(p)) - x) < 1e-9, p
     import math
     for p in np.linspace(1e-6, 1 - 1e-6, 101):  # Φ(Φ⁻¹(p)) = p
-        assert abs(0.5 * math.erfc(-float(Q.normal_ppf(p)) / math.sqrt(2)) - p) < 1e-14
+        assert abs(0.5 * math.erfc(-float(Q9.normal_ppf(p)) / math.sqrt(2)) - p) < 1e-14
     with pytest.raises(MemlibError, match="0 < p < 1"):
-        Q.normal_ppf(1.0)
+        Q9.normal_ppf(1.0)
 
 
 def _torch_linspace_is_ours(*steps: int) -> bool:
@@ -111,7 +113,7 @@ def test_dynamic_map_equals_bitsandbytes(signed: bool) -> None:
 @pytest.mark.parametrize("signed,bits,add_zero", [(True, 8, True), (False, 8, False), (True, 4, True), (True, 2, False)])
 def test_linear_map_equals_bitsandbytes(signed: bool, bits: int, add_zero: bool) -> None:
     theirs = F.create_linear_map(signed, bits, add_zero).numpy()
-    ours = Q.linear_map(signed, bits, add_zero)
+    ours = Q8.linear_map(signed, bits, add_zero)
     assert np.max(np.abs(ours - theirs)) <= 2.0**-23  # one float32 ulp of the map's end point 1.0
     if _torch_linspace_is_ours(2**bits - 1, 2**bits):
         assert np.array_equal(ours, theirs)
@@ -129,9 +131,9 @@ def test_bad_input_raises() -> None:
     with pytest.raises(MemlibError, match="block_size"):
         Q.quantize_blockwise(np.ones(4), block_size=0)
     with pytest.raises(MemlibError, match="total_bits"):
-        Q.linear_map(total_bits=9)
+        Q8.linear_map(total_bits=9)
     with pytest.raises(MemlibError, match="offset"):
-        Q.nf4_levels(offset=0.4)
+        Q9.nf4_levels(offset=0.4)
 
 
 # --- block-wise 8-bit ---------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ def test_bnb_cpu_kernel_floor() -> None:
 @given(st.integers(1, 3000), st.integers(1, 600), st.integers(0, 2**31 - 1), st.booleans())
 def test_roundtrip_error_at_most_half_a_step(n: int, block: int, seed: int, nf4: bool) -> None:
     x = _random(n, seed)
-    q = Q.quantize_nf4(x, block) if nf4 else Q.quantize_blockwise(x, block_size=block)
+    q = Q9.quantize_nf4(x, block) if nf4 else Q.quantize_blockwise(x, block_size=block)
     back = Q.dequantize_blockwise(q)
     assert q.absmax.size == -(-n // block)
     assert _within_one_step(x, back, x, q.absmax, block, q.code) <= 0.5 + 1e-5
@@ -211,21 +213,21 @@ def test_nf4_equals_bitsandbytes_quantize_4bit(block: int, data: str) -> None:
     x = {"random": _random(40_000).reshape(200, 200), "weight": REAL["weight"],
          "gaussian": (0.02 * rng.standard_normal((256, 512))).astype(np.float32)}[data]
     q4, s4 = F.quantize_4bit(torch.from_numpy(x), blocksize=block, quant_type="nf4")
-    ours = Q.quantize_nf4(x, block)
+    ours = Q9.quantize_nf4(x, block)
     np.testing.assert_array_equal(ours.absmax, s4.absmax.numpy())
     theirs_codes = _unpack(q4.numpy(), x.size)
     # same level except at exact midpoints (ties); dequantized values within one step
     assert (theirs_codes == ours.codes.reshape(-1)).mean() > 0.999
     theirs = F.dequantize_4bit(q4, s4).numpy()
-    assert _within_one_step(x, Q.dequantize_nf4(ours), theirs, ours.absmax, block, Q.nf4_levels()) <= 1 + 1e-6
+    assert _within_one_step(x, Q9.dequantize_nf4(ours), theirs, ours.absmax, block, Q9.nf4_levels()) <= 1 + 1e-6
     assert ours.nbytes == x.size // 2 + 4 * ours.absmax.size
 
 
 def test_double_quantization_equals_bitsandbytes() -> None:
     x = (0.02 * np.random.default_rng(2).standard_normal((512, 512))).astype(np.float32)
     q4, s4 = F.quantize_4bit(torch.from_numpy(x), blocksize=64, quant_type="nf4", compress_statistics=True)
-    first = Q.quantize_nf4(x, 64)
-    dq = Q.double_quantize_absmax(first.absmax)
+    first = Q9.quantize_nf4(x, 64)
+    dq = Q9.double_quantize_absmax(first.absmax)
     assert s4.nested and s4.state2.blocksize == 256 and s4.absmax.dtype == torch.uint8
     assert dq.offset == pytest.approx(float(s4.offset), rel=1e-6)
     # same second-level absmax up to the float32 rounding of the mean (numpy and torch sum in different orders)
@@ -235,8 +237,8 @@ def test_double_quantization_equals_bitsandbytes() -> None:
     am2 = np.repeat(dq.blocks.absmax, 256)[: ours_absmax.size]
     assert np.max(np.abs(ours_absmax - theirs_absmax) / am2) <= 0.04  # one dynamic-map step near |s| ~ 0.5
     # what the 8-bit constants cost in weight accuracy: tiny next to NF4's own rounding
-    w_dq = (Q.nf4_levels()[first.codes.reshape(-1)] * np.repeat(ours_absmax, 64)).reshape(x.shape)
-    w_single = Q.dequantize_nf4(first)
+    w_dq = (Q9.nf4_levels()[first.codes.reshape(-1)] * np.repeat(ours_absmax, 64)).reshape(x.shape)
+    w_single = Q9.dequantize_nf4(first)
     assert np.abs(w_dq - w_single).mean() < 0.05 * np.abs(w_single - x).mean()
     # same NF4 codes; the weights then differ only through the (one-step) difference of the constants
     assert np.array_equal(_unpack(q4.numpy(), x.size), first.codes.reshape(-1))
@@ -245,13 +247,13 @@ def test_double_quantization_equals_bitsandbytes() -> None:
 
 
 def test_bits_per_param() -> None:
-    assert Q.double_quant_bits_per_param(double_quant=False) == 0.5
-    assert Q.double_quant_bits_per_param() == pytest.approx(8 / 64 + 32 / (64 * 256))
-    assert round(Q.double_quant_bits_per_param(), 3) == 0.127
-    assert Q.bits_per_param(8, 256) == 8.125
-    assert Q.bits_per_param(4, 64) == 4.5
+    assert Q9.double_quant_bits_per_param(double_quant=False) == 0.5
+    assert Q9.double_quant_bits_per_param() == pytest.approx(8 / 64 + 32 / (64 * 256))
+    assert round(Q9.double_quant_bits_per_param(), 3) == 0.127
+    assert Q8.bits_per_param(8, 256) == 8.125
+    assert Q8.bits_per_param(4, 64) == 4.5
     from memlib.core.dtypes import WEIGHT_FORMATS
-    assert WEIGHT_FORMATS["nf4"] * 8 == pytest.approx(4 + Q.double_quant_bits_per_param())
+    assert WEIGHT_FORMATS["nf4"] * 8 == pytest.approx(4 + Q9.double_quant_bits_per_param())
 
 
 # --- 8-bit Adam state bytes ---------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def _bnb_state_bytes(params: list, **kwargs: object) -> tuple[int, set[tuple[str
 def test_quant_state_bytes_equals_bitsandbytes(numel: int) -> None:
     p = torch.nn.Parameter(torch.zeros(numel))
     measured, kinds = _bnb_state_bytes([p])
-    assert measured == Q.quant_state_bytes(numel)
+    assert measured == Q8.quant_state_bytes(numel)
     if numel < 4096:
         assert kinds == {("state1", "float32"), ("state2", "float32")}
     else:
@@ -301,7 +303,7 @@ def test_adamw8bit_measured_vs_estimator(dtype: str) -> None:
     params = list(net.parameters())
     measured, kinds = _bnb_state_bytes(params)
     assert ("state1", "float32") in kinds  # small tensors keep fp32 states, whatever the parameter dtype
-    assert measured == sum(Q.quant_state_bytes(p.numel()) for p in params)
+    assert measured == sum(Q8.quant_state_bytes(p.numel()) for p in params)
     pc = count_params(load_config({**load_config("gpt2").raw, **tiny}))
     precision = "fp32" if dtype == "fp32" else "bf16"
     estimated = _optimizer_state_bytes(pc.params, pc.small_tensor_params, precision, "adamw-8bit")

@@ -7,23 +7,11 @@ from hypothesis import strategies as st
 
 from memlib import GB, MemlibError
 from memlib.core.estimate import estimate_training
-from memlib.core.zero import (
-    TABLE1_DP,
-    TABLE1_PARAMS,
-    TABLE1_PRINTED,
-    V100_BYTES,
-    comm_volume,
-    deepspeed_zero2_bytes,
-    deepspeed_zero3_bytes,
-    fsdp_peak_bytes,
-    paper_round,
-    tips_notes_zero2_bytes,
-    deepspeed_zero2_offload_host_bytes,
-    zero2_offload_host_bytes,
-    table1,
-    zero_formula,
-    zero_states,
-)
+from memlib.core.zero import comm_volume
+from memlib._book.ch06_zero_fsdp import (TABLE1_DP, TABLE1_PARAMS, TABLE1_PRINTED, V100_BYTES, deepspeed_zero2_bytes,
+                                         deepspeed_zero3_bytes, fsdp_peak_bytes, paper_round, tips_notes_zero2_bytes,
+                                         deepspeed_zero2_offload_host_bytes, zero2_offload_host_bytes, table1,
+                                         zero_formula, zero_states)
 
 CELLS = table1()
 
@@ -135,7 +123,7 @@ def test_deepspeed_zero2_offload_host_quirk() -> None:
 
 
 def test_deepspeed_zero2_offload_host_matches_deepspeed() -> None:
-    from memlib.measure.offload import deepspeed_offload_estimators
+    from memlib._book.ch07_offloading import deepspeed_offload_estimators
     try:
         zero2, _ = deepspeed_offload_estimators()
     except MemlibError:

@@ -2,7 +2,7 @@
 
 No torch. :func:`flash_io_bytes` and :func:`standard_io_bytes` count the HBM bytes read and written by
 Algorithm 1 and Algorithm 0 of the FlashAttention paper (Dao et al. 2022); :mod:`memlib.measure.flash` runs
-the kernels from scratch and counts every load and store (``flash_forward_counted``), which agrees exactly.
+the kernels from scratch and counts every load and store (``memlib._book.ch10_flash_attention.flash_forward_counted``), which agrees exactly.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def flash_io_bytes(seq_len: int, head_dim: int, sram_elems: int, dtype_bytes: in
     T_c = ⌈N/B_c⌉ key/value tiles it loads K_j and V_j once, and for every query tile it loads Q_i, O_i, ℓ_i, m_i
     and stores O_i, ℓ_i, m_i. Non-causal total: 2Nd + T_c(3Nd + 4N) elements + the initialization, i.e.
     ≈ 12 N² d² / M for large N: Θ(N² d² M⁻¹) (Theorem 2). With ``causal``, fully masked tiles are skipped.
-    Exactly what :func:`flash_forward_counted` counts.
+    Exactly what ``memlib._book.ch10_flash_attention.flash_forward_counted`` counts.
 
     Args:
         seq_len: N.

@@ -1,4 +1,4 @@
-"""FLOPs of a training step (Kaplan, PaLM, Megatron, architecture-exact), MFU/HFU and roofline arithmetic (Chapter 12).
+"""FLOPs of a training step (PaLM, architecture-exact), MFU/HFU and roofline arithmetic (Chapter 12).
 
 Pure Python: no torch. Every count is in FLOPs (one multiply or one add is one FLOP, so a multiply-accumulate
 is two), for **one training step** of ``batch_size`` sequences of ``seq_len`` tokens unless the name says
@@ -8,6 +8,8 @@ same size (gradient with respect to the input and to the weight), hence the fact
 The architecture-exact count (:func:`training_flops`) counts what ``torch.utils.flop_counter.FlopCounterMode``
 counts on the transformers models built from our configs: the matmuls (``mm``, ``addmm``, ``bmm``, attention),
 nothing element-wise. ``memlib.measure.profiling.count_training_flops`` measures it; the tests pin the two together.
+Kaplan's, Megatron's and Narayanan's formulas, throughput utilization and the intensities of a layer's
+operations, which only Chapter 12 uses, are book helpers (:mod:`memlib._book.ch12_profiling`).
 """
 from __future__ import annotations
 
@@ -24,21 +26,14 @@ __all__ = [
     "OpIntensity",
     "ATTENTION_COUNTS",
     "matmul_params",
-    "kaplan_flops",
     "palm_flops",
-    "megatron_flops",
-    "narayanan_flops",
     "training_flops",
     "forward_flops",
     "utilization",
     "mfu",
     "hfu",
-    "tokens_per_second_at_peak",
-    "throughput_utilization",
-    "matmul_intensity",
     "attainable_flops",
     "ridge_point",
-    "op_intensities",
 ]
 
 ModelLike = str | Path | dict[str, Any] | ModelConfig
@@ -122,37 +117,6 @@ def matmul_params(model: ModelLike, *, include_lm_head: bool = True) -> int:
     return cfg.num_layers * per_layer + head
 
 
-def _non_embedding_params(cfg: ModelConfig) -> int:
-    """Kaplan's N: all parameters except the token and position embeddings (and an untied LM head)."""
-    pc = count_params(cfg)
-    return pc.params - pc.embeddings - pc.lm_head
-
-
-def kaplan_flops(model: ModelLike, batch_size: int, seq_len: int, *, corrected: bool = False) -> float:
-    """Kaplan et al.'s C ≈ 6N FLOPs per training token, times the tokens of the step.
-
-    Introduced in Chapter 12. Kaplan et al. (2020, Table 1) take N as the **non-embedding** parameters and
-    C_forward = 2N + 2·n_layer·n_ctx·d_attn, then drop the attention term: C ≈ 6N per token.
-
-    Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: sequences per step.
-        seq_len: tokens per sequence (n_ctx).
-        corrected: use N = :func:`matmul_params` (the LM head's matmul included, norms and biases out) and
-            keep Kaplan's own attention term 6·n_layer·n_ctx·d_attn per token. That term counts half of the
-            T×T scores (the causal half), so the corrected formula matches ``training_flops(...,
-            attention="causal")`` to within 1/T, and a full (math-path) count after adding the other half.
-
-    Returns:
-        FLOPs of the step.
-    """
-    cfg = load_config(model)
-    tokens = check_positive("batch_size", batch_size) * check_positive("seq_len", seq_len)
-    if not corrected:
-        return 6.0 * _non_embedding_params(cfg) * tokens
-    return (6.0 * matmul_params(cfg) + 6.0 * cfg.num_layers * seq_len * cfg.q_dim) * tokens
-
-
 def palm_flops(model: ModelLike, batch_size: int, seq_len: int, *, n_params: int | None = None) -> float:
     """PaLM's 6N + 12·L·H·Q·T FLOPs per token (Chowdhery et al. 2022, Appendix B), times the tokens.
 
@@ -173,47 +137,6 @@ def palm_flops(model: ModelLike, batch_size: int, seq_len: int, *, n_params: int
     tokens = check_positive("batch_size", batch_size) * check_positive("seq_len", seq_len)
     n = matmul_params(cfg) if n_params is None else check_positive("n_params", n_params)
     return (6.0 * n + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len) * tokens
-
-
-def megatron_flops(model: ModelLike, batch_size: int, seq_len: int) -> float:
-    """Model FLOPs per iteration, 72·B·L·s·h²·(1 + s/6h + V/12hL) (Korthikanti et al. 2022).
-
-    Introduced in Chapter 12. Assumes GPT-style layers: multi-head attention with four h×h projections, a
-    4h-wide two-matrix MLP, all scores counted, and the V×h LM head. Exact for GPT-2; for GQA/SwiGLU models
-    it counts the wrong per-layer matrices (see :func:`training_flops`).
-
-    Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: B.
-        seq_len: s.
-
-    Returns:
-        FLOPs of the step.
-    """
-    cfg = load_config(model)
-    b, s = check_positive("batch_size", batch_size), check_positive("seq_len", seq_len)
-    h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
-    return 72.0 * b * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
-
-
-def narayanan_flops(model: ModelLike, batch_size: int, seq_len: int) -> float:
-    """Narayanan et al.'s 96·B·s·l·h²·(1 + s/6h + V/16lh): FLOPs per iteration **with full recomputation**.
-
-    Introduced in Chapter 12. Narayanan et al. (2021) count the extra forward of the layers that activation
-    recomputation runs (4 passes instead of 3), so this is a hardware count (HFU), not a model count (MFU).
-
-    Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: B.
-        seq_len: s.
-
-    Returns:
-        FLOPs of the step.
-    """
-    cfg = load_config(model)
-    b, s = check_positive("batch_size", batch_size), check_positive("seq_len", seq_len)
-    h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
-    return 96.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
 def _attention_forward(cfg: ModelConfig, batch_size: int, seq_len: int, attention: str) -> int:
@@ -312,42 +235,6 @@ def hfu(hardware_flops_per_step: float, step_time_s: float, peak_flops_per_s: fl
     return mfu(hardware_flops_per_step, step_time_s, peak_flops_per_s, num_gpus)
 
 
-def tokens_per_second_at_peak(flops_per_token: float, peak_flops_per_s: float) -> float:
-    """Tokens per second one GPU would train at 100 % utilization (the Strategies notes' "paper throughput").
-
-    Introduced in Chapter 12.
-
-    Args:
-        flops_per_token: training FLOPs per token (≈ 6N, or ``training_flops(...).per_token``).
-        peak_flops_per_s: the GPU's dense peak.
-
-    Returns:
-        Tokens per second per GPU.
-    """
-    return _positive_float("peak_flops_per_s", peak_flops_per_s) / _positive_float("flops_per_token",
-                                                                                   flops_per_token)
-
-
-def throughput_utilization(samples_per_s_per_gpu: float, seq_len: int, flops_per_token: float,
-                           peak_flops_per_s: float) -> float:
-    """The Strategies notes' second method: throughput (samples/s/GPU × max_length) over the throughput at peak.
-
-    Introduced in Chapter 12. Algebraically the same as MFU: tokens/s × FLOPs/token ÷ peak.
-
-    Args:
-        samples_per_s_per_gpu: measured training samples per second per GPU.
-        seq_len: tokens per sample (max_length).
-        flops_per_token: training FLOPs per token.
-        peak_flops_per_s: the GPU's dense peak.
-
-    Returns:
-        A fraction.
-    """
-    tokens_per_s = _positive_float("samples_per_s_per_gpu", samples_per_s_per_gpu) * check_positive(
-        "seq_len", seq_len)
-    return tokens_per_s / tokens_per_second_at_peak(flops_per_token, peak_flops_per_s)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Roofline
 # ----------------------------------------------------------------------------------------------------------
@@ -375,15 +262,6 @@ class OpIntensity:
         return self.flops / self.bytes
 
 
-def matmul_intensity(m: int, k: int, n: int, dtype_bytes: float = 2) -> float:
-    """Arithmetic intensity of an (m×k)·(k×n) matmul: 2mkn / (bytes of A, B and C).
-
-    Introduced in Chapter 12. For m = k = n it is n/3 in 16-bit: large square matmuls are compute-bound.
-    """
-    m, k, n = (check_positive(x, v) for x, v in (("m", m), ("k", k), ("n", n)))
-    return 2.0 * m * k * n / (_positive_float("dtype_bytes", dtype_bytes) * (m * k + k * n + m * n))
-
-
 def ridge_point(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:
     """The roofline's ridge: the intensity (FLOP/byte) above which a kernel can reach the peak.
 
@@ -400,46 +278,3 @@ def attainable_flops(intensity: float, peak_flops_per_s: float, bandwidth_bytes_
                                                                          bandwidth_bytes_per_s))
 
 
-def op_intensities(model: ModelLike, batch_size: int = 1, seq_len: int = 2048,
-                   dtype_bytes: int = 2) -> list[OpIntensity]:
-    """FLOPs, bytes and arithmetic intensity of the main forward ops of one layer (plus the LM head).
-
-    Introduced in Chapter 12. Best case: every operand read once, every result written once (what a perfect
-    kernel moves). Attention is given twice: standard (the T×T scores and probabilities written and read in
-    ``dtype_bytes``) and fused (FlashAttention: only Q, K, V and the output move). Element-wise FLOPs are
-    nominal (SiLU ≈ 4 per element, RMSNorm ≈ 4, softmax ≈ 5); only their order of magnitude matters here.
-
-    Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: B.
-        seq_len: T (tokens per sequence; the matmuls see B·T rows).
-        dtype_bytes: bytes per element (2 for bf16).
-
-    Returns:
-        One entry per op.
-    """
-    cfg = load_config(model)
-    b, s = check_positive("batch_size", batch_size), check_positive("seq_len", seq_len)
-    e = _positive_float("dtype_bytes", dtype_bytes)
-    t = b * s
-    h, f, q, kv, V = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim, cfg.vocab_size
-
-    def mm(name: str, k: int, n: int) -> OpIntensity:
-        return OpIntensity(name, "matmul", 2.0 * t * k * n, e * (t * k + k * n + t * n))
-
-    ops = [mm("q projection", h, q), mm("k/v projection", h, kv), mm("o projection", q, h),
-           mm("MLP up", h, f), mm("MLP down", f, h), mm("LM head", h, V)]
-    heads, d, kvh = cfg.num_heads, cfg.head_dim, cfg.num_kv_heads
-    attn_flops = 4.0 * b * heads * s * s * d
-    qkvo = e * b * s * d * (2 * heads + 2 * kvh)
-    ops.append(OpIntensity("attention (standard)", "attention", attn_flops, qkvo + 2 * 2 * e * b * heads * s * s))
-    ops.append(OpIntensity("attention (fused)", "attention", attn_flops, qkvo))
-    ops.append(OpIntensity("softmax", "elementwise", 5.0 * b * heads * s * s, 2 * e * b * heads * s * s))
-    if cfg.mlp == "gated":
-        ops.append(OpIntensity("SiLU(gate) × up", "elementwise", 5.0 * t * f, 3 * e * t * f))
-    else:
-        ops.append(OpIntensity("GELU", "elementwise", 8.0 * t * f, 2 * e * t * f))
-    ops.append(OpIntensity("residual add", "elementwise", 1.0 * t * h, 3 * e * t * h))
-    ops.append(OpIntensity("RMSNorm" if cfg.norm == "rmsnorm" else "LayerNorm", "norm", 4.0 * t * h,
-                           2 * e * t * h + e * h))
-    return ops

@@ -3,7 +3,9 @@
 Pure numpy (the one-number functions :func:`encode`, :func:`decode` and :func:`format_properties` also run
 without it, in the book's live calculator). Five formats, the keys of :data:`memlib.core.dtypes.FLOAT_FORMATS`: ``fp32``, ``fp16``, ``bf16``,
 ``fp8_e4m3`` (PyTorch's ``float8_e4m3fn``: no infinities, NaN only at ``S.1111.111``, max 448) and
-``fp8_e5m2`` (IEEE-like, max 57344).
+``fp8_e5m2`` (IEEE-like, max 57344). Decoding raw bit patterns and the properties table (Chapter 2),
+the ulp and the overflow fraction (Chapter 3) are book helpers (:mod:`memlib._book.ch02_number_formats`,
+:mod:`memlib._book.ch03_mixed_precision`).
 
 How PyTorch 2.13 converts a float64 tensor (``tensor.to(dtype)`` on the CPU), which
 :func:`round_to_format` reproduces bit for bit:
@@ -42,12 +44,8 @@ __all__ = [
     "decode",
     "round_to_format",
     "to_bits",
-    "from_bits",
-    "ulp",
     "underflow_fraction",
-    "overflow_fraction",
     "format_properties",
-    "properties_table",
 ]
 
 #: The formats this module knows, in table order.
@@ -183,26 +181,6 @@ def round_to_format(x: ArrayLike, fmt: str, *, via_fp32: bool = True) -> np.ndar
     return _round_single(v, f)
 
 
-def ulp(x: ArrayLike, fmt: str) -> np.ndarray:
-    """Spacing of ``fmt``'s numbers at ``x``: 2**(E − mantissa_bits) in the binade [2**E, 2**(E+1)).
-
-    Introduced in Chapter 3 (update stagnation: ``w + u == w`` in fp16 once ``|u| < ulp(w) / 2``). Below the
-    smallest normal number the spacing is the smallest subnormal; at 0 as well.
-
-    Args:
-        x: finite values.
-        fmt: one of :data:`FORMAT_NAMES`.
-
-    Returns:
-        float64 array of spacings.
-    """
-    f = _format(fmt)
-    a = np.abs(np.asarray(x, dtype=np.float64))
-    _, e = np.frexp(a)
-    e = np.where(a == 0, _emin(f) + 1, e)  # frexp(0) has exponent 0; 0 sits on the subnormal grid
-    return np.ldexp(1.0, np.maximum(e - 1, _emin(f)) - f.mantissa_bits)
-
-
 def underflow_fraction(values: ArrayLike, fmt: str, scale: float = 1.0) -> float:
     """Fraction of the nonzero finite ``values`` that become zero when ``values * scale`` is cast to ``fmt``.
 
@@ -225,33 +203,6 @@ def underflow_fraction(values: ArrayLike, fmt: str, scale: float = 1.0) -> float
     with np.errstate(over="ignore"):
         r = round_to_format(v * scale, fmt)
     return float(np.count_nonzero(r == 0) / v.size)
-
-
-def overflow_fraction(values: ArrayLike, fmt: str, scale: float = 1.0) -> float:
-    """Fraction of the finite ``values`` whose ``values * scale`` rounds beyond ``fmt``'s largest number.
-
-    Introduced in Chapter 3. Such values become ±inf in fp16, bf16, fp32 and fp8_e5m2, and saturate to ±448
-    in fp8_e4m3 (PyTorch's conversion).
-
-    Args:
-        values: e.g. all gradient entries of a model.
-        fmt: one of :data:`FORMAT_NAMES`.
-        scale: the loss scale applied before the cast.
-
-    Returns:
-        A fraction in [0, 1] (0.0 if there are no finite values).
-    """
-    f = _format(fmt)
-    v = np.asarray(values, dtype=np.float64).ravel()
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return 0.0
-    with np.errstate(over="ignore"):
-        a = np.abs(np.asarray(v * scale, dtype=np.float32).astype(np.float64))
-    r = np.where(np.isfinite(a), 0.0, np.inf)
-    fin = np.isfinite(a)
-    r[fin] = _round_unbounded(a[fin], f)
-    return float(np.count_nonzero(r > f.max_normal) / v.size)
 
 
 # ------------------------------------------------------------------------------------------------ bits
@@ -289,49 +240,6 @@ def to_bits(x: ArrayLike, fmt: str, *, via_fp32: bool = True) -> np.ndarray:
     man[np.isnan(a)] = _nan_mantissa(f)
     out = (sign << np.uint64(f.bits - 1)) | (exp << np.uint64(m)) | man
     return out.astype(_UINT[f.bits])
-
-
-def from_bits(bits: ArrayLike, fmt: str) -> np.ndarray:
-    """Decode bit patterns of ``fmt`` (unsigned or two's-complement signed integers) into float64.
-
-    Introduced in Chapter 2. Every pattern decodes: in fp8_e4m3 only ``S.1111.111`` is NaN (``S.1111.000`` to
-    ``S.1111.110`` are 256 … 448); in the other formats an all-ones exponent means ±inf (mantissa 0) or NaN.
-
-    Args:
-        bits: integer array; signed values are read as their two's-complement pattern of ``fmt``'s width
-            (what ``tensor.view(torch.int16)`` gives).
-        fmt: one of :data:`FORMAT_NAMES`.
-
-    Returns:
-        float64 array of the same shape.
-
-    Raises:
-        MemlibError: for a non-integer array or a value outside the format's width.
-    """
-    f = _format(fmt)
-    b = np.asarray(bits)
-    if b.dtype.kind not in "iu":
-        raise MemlibError(f"bits must be an integer array, got dtype {b.dtype}; expected one of: uint8, uint16, uint32, int8, int16, int32")
-    width = f.bits
-    b64 = b.astype(np.int64)
-    lo, hi = -(1 << (width - 1)), (1 << width) - 1
-    if b64.size and (b64.min() < lo or b64.max() > hi):
-        raise MemlibError(f"bit pattern {int(b64.min()) if b64.min() < lo else int(b64.max())} does not fit {fmt}; "
-                          f"expected integers in {lo}..{hi}")
-    u = (b64 & hi).astype(np.uint64)
-    m, ne = f.mantissa_bits, f.exponent_bits
-    sign = (u >> np.uint64(width - 1)) & np.uint64(1)
-    exp = ((u >> np.uint64(m)) & np.uint64((1 << ne) - 1)).astype(np.int64)
-    man = (u & np.uint64((1 << m) - 1)).astype(np.int64)
-    val = np.where(exp == 0,
-                   np.ldexp(man.astype(np.float64), _emin(f) - m),
-                   np.ldexp((man + (1 << m)).astype(np.float64), exp - f.bias - m))
-    top = exp == (1 << ne) - 1
-    if f.has_inf:
-        val = np.where(top, np.where(man == 0, np.inf, np.nan), val)
-    else:
-        val = np.where(top & (man == (1 << m) - 1), np.nan, val)
-    return np.where(sign == 1, -val, val)
 
 
 # --------------------------------------------------------------------------------------- one number
@@ -542,6 +450,3 @@ def format_properties(fmt: str) -> FormatProperties:
     )
 
 
-def properties_table() -> list[FormatProperties]:
-    """:func:`format_properties` of every format, in the order of :data:`FORMAT_NAMES` (Chapter 2's table)."""
-    return [format_properties(name) for name in FORMAT_NAMES]

@@ -43,7 +43,6 @@ __all__ = [
     "max_batch_size",
     "max_seq_len",
     "batch_context_frontier",
-    "group_quant_bits",
     "paged_kv_tokens",
 ]
 
@@ -294,7 +293,7 @@ def forward_activation_bytes(model: ModelLike, tokens: int, batch_size: int = 1,
     layer come the logits of the last position of each sequence, in 16 bits and in fp32 (generation upcasts
     them): b·V·(2 + 4) beside two T·h tensors — the peak is the larger of the two moments.
     Checked against a meta-device trace of the transformers models
-    (:func:`memlib.measure.inference.measure_forward_peak`) for every shipped config: within 2 % for the gated
+    (:func:`memlib._book.ch11_inference_memory.measure_forward_peak`) for every shipped config: within 2 % for the gated
     models (LLaMA, Mistral, Qwen2, Gemma), 2–5 % over for GPT-2. A MoE layer's experts see every token k times
     (balanced routing assumed): its MLP width is taken as k·f_expert + f_shared (not checked against a trace).
 
@@ -511,29 +510,6 @@ def batch_context_frontier(model: ModelLike, gpu_memory_bytes: int, seq_lens: Se
                                     layout=layout, prefill_tokens=prefill_tokens,
                                     cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation))
             for s in seq_lens]
-
-
-def group_quant_bits(bits: int, group_size: int, scale_bits: int = 16, zero_bits: int = 0) -> float:
-    """Bits per weight of group-wise quantization: the codes plus one scale (and zero-point) per group.
-
-    Introduced in Chapter 11. GPTQ/AWQ 4-bit with groups of 128, fp16 scales and 4-bit zero-points:
-    4 + (16 + 4)/128 = 4.156 bits; bitsandbytes' 4-bit with fp32 absmax per 64: 4 + 32/64 = 4.5 bits
-    (memlib's ``int4``); NF4 with double quantization: 4 + 8/64 + 32/(64·256) = 4.127 bits (``nf4``).
-
-    Args:
-        bits: bits per code (4, 8).
-        group_size: weights sharing one scale.
-        scale_bits: bits per scale.
-        zero_bits: bits per zero-point (0 for symmetric quantization).
-
-    Returns:
-        Bits per weight.
-    """
-    b = check_positive("bits", bits)
-    g = check_positive("group_size", group_size)
-    check_positive("scale_bits", scale_bits, allow_zero=True)
-    check_positive("zero_bits", zero_bits, allow_zero=True)
-    return b + (scale_bits + zero_bits) / g
 
 
 def paged_kv_tokens(seq_lens: Sequence[int], block_size: int = 16) -> int:

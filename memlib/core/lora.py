@@ -10,7 +10,7 @@ from .errors import check_choice, check_positive
 from .params import count_params
 
 __all__ = ["LORA_TARGETS", "METHODS", "layer_linears", "targeted_linears", "lora_params", "lora_small_tensor_params",
-           "frozen_linear_params", "linear_bias_params", "quantized_weight_bytes", "qlora_base_bytes"]
+           "linear_bias_params", "quantized_weight_bytes", "qlora_base_bytes"]
 
 #: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
 #: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
@@ -82,16 +82,6 @@ def lora_small_tensor_params(model: str | Path | dict[str, Any] | ModelConfig, r
     return cfg.num_layers * small
 
 
-def frozen_linear_params(model: str | Path | dict[str, Any] | ModelConfig) -> int:
-    """Weights of all decoder-block Linear matrices (biases excluded): what QLoRA stores in NF4.
-
-    Introduced in Chapter 9. Embeddings, the LM head, norms and biases stay in 16 bits (bitsandbytes'
-    ``Linear4bit`` replaces the blocks' Linear layers; transformers keeps ``lm_head`` unquantized).
-    """
-    cfg = load_config(model)
-    return cfg.num_layers * sum(i * o for _, i, o in layer_linears(cfg))
-
-
 def linear_bias_params(model: str | Path | dict[str, Any] | ModelConfig) -> int:
     """Bias elements of all decoder-block Linear (GPT-2: Conv1D) layers. Introduced in Chapter 9.
 
@@ -119,7 +109,7 @@ def quantized_weight_bytes(model: str | Path | dict[str, Any] | ModelConfig, wei
     parameter**, and the embeddings, the LM head and every norm are not Linear layers that get replaced, so
     they stay 16-bit too. GPTQ/AWQ ``QuantLinear`` layers likewise keep a 16-bit bias. So: quantized elements
     = parameters − embeddings − LM head − norms − Linear biases (:func:`linear_bias_params`); everything else 2
-    bytes. The traced check is Chapter 9's (``memlib.measure.quant.nf4_model_bytes`` on a model quantized by
+    bytes. The traced check is Chapter 9's (``memlib._book.ch09_lora_qlora.nf4_model_bytes`` on a model quantized by
     bitsandbytes, within an fp32 offset and a partial block per matrix) and tests/test_lora.py's biased model.
 
     Known limitation: MoE experts are counted as quantized (as GPTQ/AWQ/vLLM quantize them and as bitsandbytes

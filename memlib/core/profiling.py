@@ -1,7 +1,7 @@
 """Profiling, the pure half: memory snapshots read as a timeline of allocated bytes (Chapter 12).
 
 No torch. A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns (or the pickle
-``torch.cuda.memory._dump_snapshot`` writes, or :func:`memlib.measure.profiling.meta_memory_snapshot`'s dict in
+``torch.cuda.memory._dump_snapshot`` writes, or :func:`memlib._book.ch12_profiling.meta_memory_snapshot`'s dict in
 the same layout); :func:`snapshot_timeline` adds up its ``alloc`` and ``free_completed`` events and
 :func:`downsample_timeline` shrinks the result to a JSON-sized record.
 """

@@ -9,13 +9,13 @@ storages it owns, local shards only), its peak over a step, its losses and the b
 On CPU the processes use gloo and are started with ``torch.multiprocessing`` (:func:`run_sharded`); the same
 module runs unchanged under ``torchrun`` with NCCL on GPUs (``torchrun --nproc-per-node 4 -m memlib.measure.distributed
 --out result.json``), where it also records ``torch.cuda.max_memory_allocated``. torch and transformers are
-imported lazily: importing this module is cheap.
+imported lazily: importing this module is cheap. Chapter 6's one-process reference losses and its call of
+DeepSpeed's own estimators are book helpers (:mod:`memlib._book.ch06_zero_fsdp`).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import sys
@@ -43,9 +43,7 @@ __all__ = [
     "bus_bytes",
     "state_bytes",
     "train_rank",
-    "reference_losses",
     "run_sharded",
-    "deepspeed_estimates",
     "build_parser",
     "main",
 ]
@@ -478,28 +476,6 @@ def train_rank(strategy: str, *, config: dict[str, Any] | None = None, steps: in
     )
 
 
-def reference_losses(*, world_size: int, config: dict[str, Any] | None = None, steps: int = 3,
-                     batch_size: int = 2, seq_len: int = 32, seed: int = 0) -> list[float]:
-    """One process, the global batch (all ranks' sequences): the loss trajectory the sharded runs must match.
-
-    Introduced in Chapter 6. Every rank's batch has the same number of tokens, so the mean of the ranks'
-    losses equals the loss of the concatenated batch, and the mean of their gradients its gradient.
-    """
-    torch = _torch()
-    config = dict(config or TINY_LLAMA)
-    model = _build(config, seed, torch.device("cpu"))
-    opt = torch.optim.AdamW(model.parameters(), lr=_LR, foreach=False)
-    out = []
-    for step in range(steps):
-        x = torch.cat([_batch(step, r, batch_size, seq_len, config["vocab_size"], seed) for r in range(world_size)])
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(float(loss.detach()))
-    return out
-
-
 _PRELOAD = ["torch", "torch.distributed.fsdp", "transformers.models.llama.modeling_llama", "memlib.measure.distributed"]
 
 
@@ -567,50 +543,6 @@ def run_sharded(world_size: int = 2, strategies: Sequence[str] = STRATEGIES, *,
     settings = {**kwargs, "world_size": n, "backend": "gloo"}
     return {s: ShardedRun(s, n, [RankResult(**per_rank[r][i]) for r in range(n)], settings)
             for i, s in enumerate(strategies)}
-
-
-def deepspeed_estimates(total_params: int, *, largest_layer_params: int, num_gpus_per_node: int,
-                        num_nodes: int = 1) -> dict[str, Any]:
-    """DeepSpeed's own ZeRO-2 and ZeRO-3 model-state estimators, numbers and printed tables.
-
-    Introduced in Chapter 6. Calls ``estimate_zero2_model_states_mem_needs`` and
-    ``estimate_zero3_model_states_mem_needs`` (without offload: GPU bytes; with offload: CPU bytes) and
-    captures what the ``..._all_cold`` functions print. They run on CPU (DeepSpeed falls back to its CPU
-    accelerator and logs a warning, which is swallowed here).
-
-    Returns:
-        ``{"zero2": {"gpu_bytes", "cpu_bytes", "gpu_bytes_offload", "cpu_bytes_offload"},
-        "zero3": {... and "largest_layer_bytes"}, "printed": {"zero2": str, "zero3": str}}``.
-    """
-    import logging
-
-    sink = io.StringIO()
-    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-        from deepspeed.runtime.zero import stage3
-        from deepspeed.runtime.zero import stage_1_and_2 as stage12
-    out: dict[str, Any] = {"printed": {}}
-    cpu2, gpu2 = stage12.estimate_zero2_model_states_mem_needs(
-        total_params, num_gpus_per_node=num_gpus_per_node, num_nodes=num_nodes, cpu_offload=False)
-    cpu2o, gpu2o = stage12.estimate_zero2_model_states_mem_needs(
-        total_params, num_gpus_per_node=num_gpus_per_node, num_nodes=num_nodes, cpu_offload=True)
-    out["zero2"] = {"gpu_bytes": gpu2, "cpu_bytes": cpu2, "gpu_bytes_offload": gpu2o, "cpu_bytes_offload": cpu2o}
-    cpu3, gpu3, largest = stage3.estimate_zero3_model_states_mem_needs(
-        total_params, largest_layer_params, num_gpus_per_node=num_gpus_per_node, num_nodes=num_nodes,
-        cpu_offload=False, cpu_offload_params=False, zero_init=True)
-    cpu3o, gpu3o, _ = stage3.estimate_zero3_model_states_mem_needs(
-        total_params, largest_layer_params, num_gpus_per_node=num_gpus_per_node, num_nodes=num_nodes,
-        cpu_offload=True, cpu_offload_params=True, zero_init=True)
-    out["zero3"] = {"gpu_bytes": gpu3, "cpu_bytes": cpu3, "gpu_bytes_offload": gpu3o,
-                    "cpu_bytes_offload": cpu3o, "largest_layer_bytes": largest}
-    for name, fn, extra in (("zero2", stage12.estimate_zero2_model_states_mem_needs_all_cold, {}),
-                            ("zero3", stage3.estimate_zero3_model_states_mem_needs_all_cold,
-                             {"largest_layer_params": largest_layer_params})):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            fn(total_params=total_params, num_gpus_per_node=num_gpus_per_node, num_nodes=num_nodes, **extra)
-        out["printed"][name] = buf.getvalue()
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,8 @@ only shapes matter (FLOP counting of 70B models), on CPU for small timed runs, o
 
 The CUDA functions (:func:`record_memory_history`, :func:`dump_memory_snapshot`,
 :func:`cuda_snapshot_training_step`, :func:`gpu_ops_report`) need a GPU; a later GPU run calls them and writes
-``labs/results/*.json``, which the book's GPU cells load.
+``labs/results/*.json``, which the book's GPU cells load. FLOPs by depth, DeepSpeed's flops profiler and the
+meta-device memory snapshot, which only Chapter 12 uses, are book helpers (:mod:`memlib._book.ch12_profiling`).
 """
 from __future__ import annotations
 
@@ -32,20 +33,16 @@ __all__ = [
     "MeasuredFlops",
     "OpRow",
     "CpuProfile",
-    "DeepSpeedProfile",
     "MatmulBenchmark",
     "StepTiming",
     "MemoryTimeline",
     "count_training_flops",
-    "count_training_flops_by_depth",
     "profile_training_step",
-    "deepspeed_profile",
     "matmul_benchmark",
     "time_training_step",
     "record_memory_history",
     "dump_memory_snapshot",
     "cuda_snapshot_training_step",
-    "meta_memory_snapshot",
     "snapshot_timeline",
     "load_snapshot",
     "gpu_ops_report",
@@ -76,10 +73,6 @@ def _quiet_stderr_fd() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-
-
-def _layer_key(cfg: ModelConfig) -> str:
-    return "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
 
 
 def _enable_recompute(net: Any) -> None:
@@ -158,25 +151,6 @@ def count_training_flops(model: ModelLike, *, batch_size: int = 1, seq_len: int 
                 "recompute": recompute, "num_layers": int(getattr(net.config, "num_hidden_layers", 0)
                                                           or net.config.n_layer)}
     return MeasuredFlops(total=int(counter.get_total_flops()), by_op=by_op, forward=int(forward), settings=settings)
-
-
-def count_training_flops_by_depth(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512,
-                                  recompute: str = "none") -> tuple[int, MeasuredFlops, MeasuredFlops]:
-    """FLOPs of the full-depth model, measured at 1 and 2 layers and extrapolated exactly.
-
-    Introduced in Chapter 12. All layers of a transformer are identical and their FLOPs do not depend on their
-    position, so the step's FLOPs are affine in the depth: F(L) = F(1) + (L − 1)·(F(2) − F(1)). Two small
-    measurements give the 70B model's count in a fraction of a second (Chapter 12 checks one full-depth model
-    directly).
-
-    Returns:
-        (extrapolated total at the config's depth, measurement at 1 layer, measurement at 2 layers).
-    """
-    cfg = load_config(model)
-    key = _layer_key(cfg)
-    one, two = (count_training_flops(cfg, batch_size=batch_size, seq_len=seq_len, recompute=recompute,
-                                     overrides={key: n}) for n in (1, 2))
-    return one.total + (cfg.num_layers - 1) * (two.total - one.total), one, two
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -295,68 +269,6 @@ def profile_training_step(model: ModelLike, *, batch_size: int = 2, seq_len: int
 # ----------------------------------------------------------------------------------------------------------
 # DeepSpeed's flops profiler
 # ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeepSpeedProfile:
-    """What ``deepspeed.profiling.flops_profiler.get_model_profile`` returns for one forward pass. Chapter 12.
-
-    Attributes:
-        flops: FLOPs of one forward pass (matmuls and the element-wise functionals it patches).
-        macs: multiply-accumulates of one forward pass.
-        params: parameters it counted.
-        text: the profiler's printed report, when asked for (``text=True``); holds timings.
-    """
-
-    flops: int
-    macs: int
-    params: int
-    text: str = ""
-
-
-def deepspeed_profile(model: ModelLike, *, batch_size: int = 2, seq_len: int = 64,
-                      overrides: dict[str, Any] | None = None, text: bool = False,
-                      seed: int = 0) -> DeepSpeedProfile:
-    """Run DeepSpeed's flops profiler on the model (real CPU tensors: keep it small).
-
-    Introduced in Chapter 12. ``get_model_profile`` patches ``torch.nn.functional`` and tensor methods, runs
-    one warm-up and one profiled **forward** pass, and reports FLOPs (2 per multiply-accumulate, plus
-    element-wise ops such as softmax, SiLU and norms), MACs and parameters. A training step is about 3× the
-    forward FLOPs.
-
-    Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: sequences.
-        seq_len: tokens per sequence.
-        overrides: config fields to replace.
-        text: also return the printed per-module report (it contains timings).
-        seed: seed for weights and inputs.
-
-    Returns:
-        FLOPs, MACs, parameters (and the report).
-    """
-    torch = _torch()
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # silences DeepSpeed's "setting accelerator" warning
-    try:
-        from deepspeed.profiling.flops_profiler import get_model_profile
-    except ImportError:  # pragma: no cover
-        raise ImportError("deepspeed_profile needs DeepSpeed: pip install deepspeed") from None
-    from .trace import build_model
-
-    torch.manual_seed(seed)
-    net = build_model(model, device="cpu", dtype="fp32", attention="eager", overrides=overrides)
-    ids = torch.randint(0, int(net.config.vocab_size), (check_positive("batch_size", batch_size),
-                                                        check_positive("seq_len", seq_len)))
-    report = ""
-    with tempfile.TemporaryDirectory() as tmp:
-        out_file = str(Path(tmp) / "ds_profile.txt") if text else None
-        flops, macs, params = get_model_profile(net, kwargs={"input_ids": ids}, print_profile=text,
-                                                detailed=text, module_depth=2, top_modules=3, warm_up=1,
-                                                as_string=False, output_file=out_file)
-        if out_file is not None:
-            report = Path(out_file).read_text()
-    return DeepSpeedProfile(flops=int(flops), macs=int(macs), params=int(params), text=report)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -572,50 +484,3 @@ def cuda_snapshot_training_step(model: ModelLike, path: str | Path, *, batch_siz
         record_memory_history(False)
 
 
-def meta_memory_snapshot(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, dtype: str = "bf16",
-                         steps: int = 2, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A snapshot-format dict of a training run on the ``meta`` device: what a CUDA recording would hold.
-
-    Introduced in Chapter 12. A :class:`memlib.measure.tracker.MemoryTracker` logs every tensor storage created
-    (``alloc``) and freed (``free_completed``), from model construction on, in the layout of
-    ``torch.cuda.memory._snapshot()`` (``device_traces[0]`` events with ``action``, ``addr``, ``size``,
-    ``time_us``; ``segments`` with the blocks alive at the end). ``time_us`` is an event counter, not time. No
-    allocator: no rounding, no caching, no fragmentation, no CUDA context. Phase boundaries (event index where
-    each forward, backward and optimizer step starts) are in ``"phases"``.
-    """
-    torch = _torch()
-    from .trace import _patched, build_model
-    from .tracker import MemoryTracker
-
-    events: list[dict[str, Any]] = []
-
-    def log(action: str, key: int, size: int) -> None:
-        events.append({"action": "alloc" if action == "alloc" else "free_completed", "addr": key, "size": size,
-                       "time_us": len(events), "stream": 0, "frames": []})
-
-    tracker = MemoryTracker("meta", on_event=log)
-    phases: list[tuple[str, int]] = []
-    with tracker.mode(cache=False):
-        net = build_model(model, device="meta", dtype=dtype, attention="sdpa", overrides=overrides)
-    tracker.track_model(net, grad_hooks=False)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=True)
-    with _patched(True), tracker.mode(cache=False):
-        ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device="meta")  # (B, T)
-        for _ in range(check_positive("steps", steps)):
-            phases.append(("forward", len(events)))
-            loss = net(input_ids=ids, labels=ids).loss
-            phases.append(("backward", len(events)))
-            loss.backward()
-            del loss
-            phases.append(("optimizer", len(events)))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        phases.append(("end", len(events)))
-        for state in opt.state.values():  # step counters live on the host on a GPU
-            tracker.forget(state.get("step"))
-    tracker.on_event = None  # finalizers that fire after the return (model and optimizer dying) must not log
-    sizes = [nbytes for nbytes, _ in tracker.live.values()]
-    blocks = [{"size": s, "state": "active_allocated"} for s in sizes]
-    return {"segments": [{"device": 0, "blocks": blocks, "total_size": sum(sizes)}],
-            "device_traces": [list(events)], "phases": list(phases),
-            "source": "meta-device trace (memlib), not CUDA"}

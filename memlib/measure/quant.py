@@ -1,6 +1,7 @@
-"""Measurement helpers for Chapters 8-9: LoRA steps traced with peft, 8-bit optimizer bytes, paged AdamW on a GPU.
+"""Measurement helpers for Chapters 8-9: peft LoRA models, 8-bit optimizer bytes, paged AdamW on a GPU.
 
-torch, transformers, peft and bitsandbytes are imported lazily, inside the functions.
+torch, transformers, peft and bitsandbytes are imported lazily, inside the functions. Chapter 9's traced LoRA
+step and NF4 layers are book helpers (:mod:`memlib._book.ch09_lora_qlora`).
 """
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..core.categories import MemCategory
 from ..core.configs import ModelConfig, load_config
 from ..core.errors import check_choice, check_positive
-from .trace import MemoryTracker, TraceResult, _patched, build_model
+from .trace import build_model
 
-__all__ = ["quantize_linears_nf4", "nf4_model_bytes", "peft_lora_model", "peft_trainable_params", "trace_lora_step",
-           "optimizer_state_bytes", "paged_adamw_gpu_results", "gpu_paged_adamw_run"]
+__all__ = ["peft_lora_model", "peft_trainable_params", "optimizer_state_bytes", "paged_adamw_gpu_results",
+           "gpu_paged_adamw_run"]
 
 
 def _peft_targets(cfg: ModelConfig, targets: str) -> str | list[str]:
@@ -59,112 +59,6 @@ def peft_trainable_params(model: str | Path | dict[str, Any] | ModelConfig, *, r
     Introduced in Chapter 9.
     """
     return int(peft_lora_model(model, rank=rank, targets=targets).get_nb_trainable_parameters()[0])
-
-
-def trace_lora_step(model: str | Path | dict[str, Any] | ModelConfig, *, rank: int = 16,
-                    targets: str = "all-linear", batch_size: int = 1, seq_len: int = 128, dtype: str = "bf16",
-                    optimizer: str = "adamw", device: str = "meta", overrides: dict[str, Any] | None = None,
-                    seed: int = 0) -> TraceResult:
-    """Trace a steady-state LoRA training step (peft) with :class:`memlib.measure.trace.MemoryTracker`.
-
-    Introduced in Chapter 9. Base weights in ``dtype``, frozen; fp32 adapters; ``torch.optim.AdamW``
-    (``foreach=True``) or bitsandbytes ``AdamW8bit`` on the adapters only. Like
-    :func:`memlib.measure.trace.trace_training`: a warm-up step creates the optimizer states, then one step is traced.
-
-    Returns:
-        The peak and its breakdown; ``settings["trainable_params"]`` and ``settings["lora_input_copies_bytes"]``
-        (the fp32 copies of the adapters' inputs that peft makes and autograd keeps, at the end of forward).
-    """
-    import torch
-
-    check_choice("optimizer", optimizer, ("adamw", "adamw-8bit"))
-    check_choice("device", device, ("meta", "cpu", "cuda"))
-    b = check_positive("batch_size", batch_size)
-    s = check_positive("seq_len", seq_len)
-    torch.manual_seed(seed)
-    cfg = load_config(model)
-    net = peft_lora_model(cfg, rank=rank, targets=targets, device=device, dtype=dtype, overrides=overrides)
-    net.train()
-    tracker = MemoryTracker(device)
-    trainable = [p for p in net.parameters() if p.requires_grad]
-    tracker.track_model(net)  # frozen base weights and adapters as PARAM; gradient hooks on the adapters
-    opt: torch.optim.Optimizer
-    if optimizer == "adamw":
-        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-    else:
-        import bitsandbytes as bnb
-
-        opt = bnb.optim.AdamW8bit(trainable, lr=1e-4)
-    for p in trainable:
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    vocab = int(net.config.vocab_size)
-    input_ids = torch.randint(0, vocab, (b, s), device=device)
-    tracker.track_inputs(input_ids)
-    end_of_forward: dict[str, int] = {}
-    with _patched(True), tracker.mode():  # flash SDPA as on a GPU; skip transformers' .item() probe on meta
-        tracker.track_optimizer(opt)
-        tracker.reset_peak()
-        with tracker.forward():
-            loss = net(input_ids=input_ids, labels=input_ids).loss
-        end_of_forward = {c.value: tracker.totals[c] for c in MemCategory}
-        with tracker.backward():
-            loss.backward()
-            del loss
-        with tracker.optimizer_step():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    settings = {"model": cfg.name, "rank": rank, "targets": targets, "batch_size": b, "seq_len": s, "dtype": dtype,
-                "optimizer": optimizer, "trainable_params": sum(p.numel() for p in trainable),
-                "activations_end_of_forward": end_of_forward.get(MemCategory.ACTIVATION.value, 0)}
-    return TraceResult(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
-                       peak_phase=tracker.peak_phase, device=device, settings=settings)
-
-
-def quantize_linears_nf4(net: Any, *, double_quant: bool = True, block_size: int = 64) -> Any:
-    """Replace every decoder-block ``nn.Linear`` by bitsandbytes ``Linear4bit`` (NF4), in place, on the CPU.
-
-    Introduced in Chapter 9: what ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-    bnb_4bit_use_double_quant=True)`` does to a transformers model (embeddings and ``lm_head`` stay 16-bit),
-    without downloading a checkpoint.
-    """
-    import torch
-
-    import bitsandbytes as bnb
-
-    blocks = getattr(getattr(net, "model", None), "layers", None) or net.transformer.h
-    for block in blocks:
-        for parent in block.modules():
-            for name, mod in list(parent.named_children()):
-                if type(mod) is not torch.nn.Linear:
-                    continue
-                q = bnb.nn.Linear4bit(mod.in_features, mod.out_features, bias=mod.bias is not None,
-                                      compute_dtype=mod.weight.dtype, compress_statistics=double_quant,
-                                      quant_type="nf4")
-                q.weight = bnb.nn.Params4bit(mod.weight.data.float(), requires_grad=False, blocksize=block_size,
-                                             compress_statistics=double_quant, quant_type="nf4")
-                if mod.bias is not None:
-                    q.bias = torch.nn.Parameter(mod.bias.data, requires_grad=False)
-                setattr(parent, name, q.to(mod.weight.device))
-    return net
-
-
-def nf4_model_bytes(net: Any) -> int:
-    """Bytes of a model's parameters with 4-bit weights: packed codes + absmax constants (both levels).
-
-    Introduced in Chapter 9. Counts each ``Params4bit``'s ``quant_state`` (uint8 or fp32 absmax, the
-    second-level fp32 absmax and the fp32 offset with double quantization); the 16-entry code is shared.
-    """
-    total = 0
-    for p in net.parameters():
-        total += p.numel() * p.element_size()
-        qs = getattr(p, "quant_state", None)
-        if qs is not None:
-            total += qs.absmax.numel() * qs.absmax.element_size()
-            if qs.nested:
-                total += qs.state2.absmax.numel() * qs.state2.absmax.element_size() + 4
-    return total
 
 
 def optimizer_state_bytes(optimizer: Any) -> tuple[int, dict[str, int]]:

@@ -30,7 +30,7 @@ def roofline_figure(gpus: Sequence[GpuSpec], ops: Sequence[OpIntensity] = (), *,
 
     Args:
         gpus: GPUs to draw (at least one).
-        ops: operations from ``memlib.core.flops.op_intensities``.
+        ops: operations from ``memlib._book.ch12_profiling.op_intensities``.
         dtype: peak to use (``bf16``, ``fp16``, ``tf32``, ``fp32``).
         title: axes title.
         label_ops: write each op's name next to its point.

@@ -1,7 +1,8 @@
-"""Chapter 11 measurements: a real DynamicCache's bytes vs the KV formula, bitsandbytes int8 weights on CPU.
+"""Chapter 11's book helpers: a real DynamicCache's bytes vs the KV formula, int8 weights, a real serving peak.
 
-Measurement module: imports torch, transformers and bitsandbytes lazily, inside the functions. Models are
-tiny random-weight configs built locally (no downloads).
+Book helpers (moved from ``memlib.measure.inference`` and ``memlib.core.inference``): only Chapter 11 (and the
+GPU suite's inference part, ``labs/gpu_suite.py``) uses them. Imports torch, transformers and bitsandbytes lazily,
+inside the functions. Models are tiny random-weight configs built locally (no downloads).
 """
 from __future__ import annotations
 
@@ -9,43 +10,37 @@ import logging
 from typing import Any
 
 from ..core.dtypes import WEIGHT_FORMATS
+from ..core.errors import check_positive
 from ..core.estimate import estimate_inference
 from ..core.inference import kv_bytes_per_token
-from .deps import require_torch
+from ..measure.deps import require_torch
 
-__all__ = [
-    "tiny_llama_config",
-    "storage_bytes",
-    "measure_kv_cache",
-    "rowwise_int8",
-    "measure_int8_weights",
-    "measure_forward_peak",
-    "measure_serving",
-]
+
+def group_quant_bits(bits: int, group_size: int, scale_bits: int = 16, zero_bits: int = 0) -> float:
+    """Bits per weight of group-wise quantization: the codes plus one scale (and zero-point) per group.
+
+    Introduced in Chapter 11. GPTQ/AWQ 4-bit with groups of 128, fp16 scales and 4-bit zero-points:
+    4 + (16 + 4)/128 = 4.156 bits; bitsandbytes' 4-bit with fp32 absmax per 64: 4 + 32/64 = 4.5 bits
+    (memlib's ``int4``); NF4 with double quantization: 4 + 8/64 + 32/(64·256) = 4.127 bits (``nf4``).
+
+    Args:
+        bits: bits per code (4, 8).
+        group_size: weights sharing one scale.
+        scale_bits: bits per scale.
+        zero_bits: bits per zero-point (0 for symmetric quantization).
+
+    Returns:
+        Bits per weight.
+    """
+    b = check_positive("bits", bits)
+    g = check_positive("group_size", group_size)
+    check_positive("scale_bits", scale_bits, allow_zero=True)
+    check_positive("zero_bits", zero_bits, allow_zero=True)
+    return b + (scale_bits + zero_bits) / g
 
 
 def _torch() -> Any:
-    return require_torch("memlib.measure.inference")
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover
-        raise ImportError("memlib.measure.inference needs transformers: pip install transformers") from None
-    transformers.logging.set_verbosity_error()
-    return transformers
-
-
-def _bnb() -> Any:
-    # bitsandbytes logs a warning at import on CPUs with AVX512-BF16 when the optional `kernels` package is
-    # missing (it only affects 4-bit CPU matmuls); keep it out of notebook outputs.
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    try:
-        import bitsandbytes
-    except ImportError:  # pragma: no cover
-        raise ImportError("the int8 measurement needs bitsandbytes: pip install bitsandbytes") from None
-    return bitsandbytes
+    return require_torch("memlib._book.ch11_inference_memory")
 
 
 def tiny_llama_config(*, hidden_size: int = 256, num_layers: int = 2, num_heads: int = 8, num_kv_heads: int = 8,
@@ -72,15 +67,6 @@ def tiny_llama_config(*, hidden_size: int = 256, num_layers: int = 2, num_heads:
     }
 
 
-def _build(cfg: dict[str, Any], dtype: str, seed: int) -> Any:
-    torch, transformers = _torch(), _transformers()
-    torch.manual_seed(seed)
-    hf_cfg = transformers.AutoConfig.for_model(**cfg)
-    net = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa")
-    net = net.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
-    return net.eval()
-
-
 def storage_bytes(tensors: Any) -> int:
     """Bytes of the distinct storages behind ``tensors`` (shared storage counted once). Chapter 11."""
     seen: dict[int, int] = {}
@@ -90,6 +76,51 @@ def storage_bytes(tensors: Any) -> int:
         st = t.untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
+
+
+def rowwise_int8(weight: Any) -> tuple[Any, Any]:
+    """From scratch: symmetric per-output-row absmax int8 quantization, as LLM.int8 stores weights. Chapter 11.
+
+    Args:
+        weight: a (out_features, in_features) float tensor.
+
+    Returns:
+        ``(codes, absmax)``: int8 codes round(127 · W / absmax_row) and the fp32 absmax of each row.
+    """
+    torch = _torch()
+    w = weight.detach().float()
+    absmax = w.abs().amax(dim=1)  # (out,)
+    codes = torch.round(w * (127.0 / absmax.clamp_min(1e-12))[:, None]).to(torch.int8)  # (out, in)
+    return codes, absmax
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover
+        raise ImportError("memlib._book.ch11_inference_memory needs transformers: pip install transformers") from None
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _bnb() -> Any:
+    # bitsandbytes logs a warning at import on CPUs with AVX512-BF16 when the optional `kernels` package is
+    # missing (it only affects 4-bit CPU matmuls); keep it out of notebook outputs.
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    try:
+        import bitsandbytes
+    except ImportError:  # pragma: no cover
+        raise ImportError("the int8 measurement needs bitsandbytes: pip install bitsandbytes") from None
+    return bitsandbytes
+
+
+def _build(cfg: dict[str, Any], dtype: str, seed: int) -> Any:
+    torch, transformers = _torch(), _transformers()
+    torch.manual_seed(seed)
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    net = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa")
+    net = net.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+    return net.eval()
 
 
 def measure_kv_cache(*, kv_heads: tuple[int, ...] = (8, 2, 1), batch_size: int = 2, prompt_len: int = 24,
@@ -130,22 +161,6 @@ def measure_kv_cache(*, kv_heads: tuple[int, ...] = (8, 2, 1), batch_size: int =
             "dtype": str(tensors[0].dtype).replace("torch.", ""),
         })
     return rows
-
-
-def rowwise_int8(weight: Any) -> tuple[Any, Any]:
-    """From scratch: symmetric per-output-row absmax int8 quantization, as LLM.int8 stores weights. Chapter 11.
-
-    Args:
-        weight: a (out_features, in_features) float tensor.
-
-    Returns:
-        ``(codes, absmax)``: int8 codes round(127 · W / absmax_row) and the fp32 absmax of each row.
-    """
-    torch = _torch()
-    w = weight.detach().float()
-    absmax = w.abs().amax(dim=1)  # (out,)
-    codes = torch.round(w * (127.0 / absmax.clamp_min(1e-12))[:, None]).to(torch.int8)  # (out, in)
-    return codes, absmax
 
 
 def measure_int8_weights(cfg: dict[str, Any] | None = None, *, batch_size: int = 2, seq_len: int = 32,
@@ -262,7 +277,7 @@ def measure_forward_peak(model: Any, *, batch_size: int = 1, seq_len: int = 2048
         Peak bytes above the weights.
     """
     torch = _torch()
-    from .trace import MemoryTracker, _patched, build_model
+    from ..measure.trace import MemoryTracker, _patched, build_model
 
     net = build_model(model, device="meta", dtype=dtype, attention="sdpa",
                       overrides={"num_hidden_layers": num_layers, "n_layer": num_layers}).eval()

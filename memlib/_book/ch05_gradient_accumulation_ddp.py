@@ -1,7 +1,8 @@
 """Gradient accumulation under DDP: all-reduce calls and bytes with and without ``no_sync`` (Chapter 5).
 
 Two ``gloo`` processes on the CPU run three accumulation loops on a small MLP and count the buckets DDP
-all-reduces with a communication hook. torch is imported lazily. Re-exported by :mod:`memlib.measure.accumulation`.
+all-reduces with a communication hook. torch is imported lazily. Re-exported by
+:mod:`memlib._book.ch05_gradient_accumulation`; a book helper (moved from ``memlib.measure.accumulation_ddp``).
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from datetime import timedelta
 from typing import Any
 
 from ..core.errors import MemlibError, check_positive
-from .deps import require_torch
-from .procs import join_with_deadline
+from ..measure.deps import require_torch
+from ..measure.procs import join_with_deadline
 
 __all__ = ["DDP_VARIANTS", "DDPCommResult", "find_free_port", "ddp_allreduce_counts"]
 
@@ -28,7 +29,7 @@ DDP_VARIANTS = ("sync-every-micro-step", "no_sync", "no_sync-backward-only")
 
 
 def _torch() -> Any:
-    return require_torch("memlib.measure.accumulation_ddp")
+    return require_torch("memlib._book.ch05_gradient_accumulation_ddp")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """Gradient accumulation measured: equivalence, loss normalization, memory, FLOPs, time and DDP ``no_sync`` (Chapter 5).
 
-The pure half (:func:`token_loss_weights`, :func:`normalization_error`, :func:`last_group_scale`: the weight
-each token's loss gets in the optimizer step) is :mod:`memlib.core.accumulation`, and the two-process ``gloo``
-DDP run is :mod:`memlib.measure.accumulation_ddp`; both are re-exported here. This module runs PyTorch
-(imported lazily, inside the functions): gradients of k micro-batches against one big batch, a BatchNorm
-counter-example, memory traces of an accumulation step (:class:`memlib.measure.tracker.MemoryTracker`), FLOPs
-with ``torch.utils.flop_counter.FlopCounterMode`` and CPU timings.
+Book helpers (moved from ``memlib.measure.accumulation``): only Chapter 5 uses them. The pure half
+(:func:`token_loss_weights`, :func:`normalization_error`, :func:`last_group_scale`: the weight each token's loss
+gets in the optimizer step) is :mod:`memlib._book.ch05_loss_weights`, and the two-process ``gloo`` DDP run is
+:mod:`memlib._book.ch05_gradient_accumulation_ddp`; both are re-exported here, so that the chapter imports one
+module. This module runs PyTorch (imported lazily, inside the functions): gradients of k micro-batches against one
+big batch, a BatchNorm counter-example, memory traces of an accumulation step
+(:class:`memlib.measure.tracker.MemoryTracker`), FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` and CPU
+timings.
 """
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.accumulation import NORMALIZATIONS, last_group_scale, normalization_error, token_loss_weights
+from .ch05_loss_weights import NORMALIZATIONS, last_group_scale, normalization_error, token_loss_weights
 from ..core.configs import ModelConfig, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
-from .deps import require_torch
-from .accumulation_ddp import DDP_VARIANTS, DDPCommResult, ddp_allreduce_counts, find_free_port
+from ..measure.deps import require_torch
+from .ch05_gradient_accumulation_ddp import DDP_VARIANTS, DDPCommResult, ddp_allreduce_counts, find_free_port
 
 __all__ = [
     "NORMALIZATIONS",
@@ -55,7 +57,7 @@ TINY_GPT2: dict[str, Any] = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_siz
 
 
 def _torch() -> Any:
-    return require_torch("memlib.measure.accumulation")
+    return require_torch("memlib._book.ch05_gradient_accumulation")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -161,7 +163,7 @@ class FlopsResult:
 def tiny_gpt2(seed: int = 0) -> Any:
     """The tiny GPT-2 of :data:`TINY_GPT2`, fp32 on the CPU, in train mode. Introduced in Chapter 5."""
     torch = _torch()
-    from .trace import build_model
+    from ..measure.trace import build_model
 
     torch.manual_seed(seed)
     return build_model("gpt2", device="cpu", dtype="fp32", attention="sdpa", overrides=TINY_GPT2)
@@ -444,8 +446,8 @@ def trace_accumulation(model: str | Path | dict[str, Any] | ModelConfig, *, micr
         Counts tensor storages only (no allocator rounding, CUDA context or workspaces).
     """
     torch = _torch()
-    from .trace import _make_optimizer, _patched, build_model
-    from .tracker import MemoryTracker
+    from ..measure.trace import _make_optimizer, _patched, build_model
+    from ..measure.tracker import MemoryTracker
 
     cfg = load_config(model)
     b = check_positive("micro_batch_size", micro_batch_size)
@@ -552,7 +554,7 @@ def accumulation_flops(model: str | Path | dict[str, Any] | ModelConfig = "gpt2"
     torch = _torch()
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .trace import _patched, build_model
+    from ..measure.trace import _patched, build_model
 
     b = check_positive("micro_batch_size", micro_batch_size)
     k = check_positive("accumulation_steps", accumulation_steps)

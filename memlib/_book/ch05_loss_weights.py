@@ -1,13 +1,14 @@
 """Gradient accumulation, the pure half: which weight each token's loss gets in the optimizer step (Chapter 5).
 
-No torch. The measurements (gradients of k micro-batches against one big batch, memory traces, FLOPs, DDP
-``no_sync``) are in :mod:`memlib.measure.accumulation`.
+Book helpers (moved from ``memlib.core.accumulation``): only Chapter 5 uses them. No torch. The measurements
+(gradients of k micro-batches against one big batch, memory traces, FLOPs, DDP ``no_sync``) are in
+:mod:`memlib._book.ch05_gradient_accumulation`, which re-exports this module's names.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import MemlibError, check_choice, check_positive
+from ..core.errors import MemlibError, check_choice, check_positive
 
 __all__ = ["NORMALIZATIONS", "token_loss_weights", "normalization_error", "last_group_scale"]
 
