@@ -87,8 +87,8 @@ def test_other_families_fall_back_to_fp32_terms_plus_weight_copies(model: str) -
     extra = terms[len(fp32):]
     assert [t.name for t in extra] == [WEIGHT_COPIES, f"{WEIGHT_COPIES} (LM head)"]
     assert extra[0].bytes == 2 * count_params(cfg).per_layer
-    assert estimate_training(model, seq_len=256).activations_bytes > estimate_training(model, seq_len=256,
-                                                                                      precision="bf16").activations_bytes
+    amp, pure = (estimate_training(model, seq_len=256, precision=p).activations_bytes for p in ("bf16-mixed", "bf16"))
+    assert amp is not None and pure is not None and amp > pure
 
 
 def test_full_recomputation_holds_the_weight_copies_until_the_forward_pass_ends() -> None:
@@ -118,12 +118,12 @@ def test_autocast_activations_properties(model, batch, seq, attention) -> None: 
     amp = [saved_activations(cfg, TrainingSetup(recompute=r, **kw)).bytes for r in ("none", "selective", "full")]
     assert amp[0] >= amp[1] >= amp[2]
     assert amp[0] > saved_activations(cfg, TrainingSetup(precision="bf16", **kw)).bytes
-    # linear in the batch but for the weight copies, the rotary tables and Gemma's fp32 (1 + w), which do not
-    # depend on it
+    # linear in the batch (from 2 sequences: MQA's eager attention saves v unrepeated for one) but for the weight
+    # copies, the rotary tables and Gemma's fp32 (1 + w), which do not depend on it
     copies = 2 * (cfg.num_layers * linear_weight_params(cfg) + cfg.vocab_size * cfg.hidden_size)
     copies += (2 * cfg.num_layers + 1) * 4 * cfg.hidden_size if cfg.model_type == "gemma" else 0
-    twice = saved_activations(cfg, TrainingSetup(recompute="none", **{**kw, "batch_size": 2 * batch})).bytes
-    assert 2 * amp[0] - twice == copies + 2 * 4 * seq * cfg.head_dim
+    once, twice = (saved_activations(cfg, TrainingSetup(**{**kw, "batch_size": k * (batch + 1)})).bytes for k in (1, 2))
+    assert 2 * once - twice == copies + 2 * 4 * seq * cfg.head_dim
 
 
 # ---------------------------------------------------------------------------------- a real CPU autocast trace
@@ -193,9 +193,30 @@ def _amp_trace(cfg: dict, *, batch_size: int, seq_len: int, attention: str, reco
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma"])
 def test_estimate_agrees_with_a_cpu_autocast_trace(family: str, attention: str, recompute: str) -> None:
-    b, s = 2, 64
-    traced = _amp_trace(TINY[family], batch_size=b, seq_len=s, attention=attention, recompute=recompute)
-    cfg = load_config(TINY[family])
+    _check_against_trace(TINY[family], 2, 64, attention, recompute)
+
+
+@pytest.mark.parametrize("cfg, b, s, recompute", [
+    ({**TINY["gemma"], "head_dim": 24}, 1, 128, "none"),  # MQA with one sequence: v is saved unrepeated
+    ({**TINY["llama"], "attention_dropout": 0.1}, 1, 128, "full"),  # the recomputed eager core with dropout
+], ids=["gemma-mqa-batch1", "llama-dropout-full"])
+def test_estimate_agrees_with_a_cpu_autocast_trace_eager_cases(cfg: dict, b: int, s: int, recompute: str) -> None:
+    _check_against_trace(cfg, b, s, "eager", recompute)
+
+
+def test_mqa_batch_one_saves_v_unrepeated() -> None:
+    cfg = load_config("gemma-2b")  # one key/value head
+    one = autocast_activation_terms(cfg, 1, 256, "eager", True)
+    two = autocast_activation_terms(cfg, 2, 256, "eager", True)
+    view = [t for t in one if t.name.startswith("v not repeated")]
+    assert len(view) == 1 and view[0].bytes == -2 * 256 * (cfg.q_dim - cfg.kv_dim)
+    assert not [t for t in two if t.name.startswith("v not repeated")]
+    assert not [t for t in autocast_activation_terms(cfg, 1, 256, "sdpa", True) if t.name.startswith("v not")]
+
+
+def _check_against_trace(raw: dict, b: int, s: int, attention: str, recompute: str) -> None:
+    traced = _amp_trace(raw, batch_size=b, seq_len=s, attention=attention, recompute=recompute)
+    cfg = load_config(raw)
     setup = TrainingSetup(batch_size=b, seq_len=s, attention=attention, recompute=recompute)
     assert setup.autocast
     pc = count_params(cfg)

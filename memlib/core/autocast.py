@@ -113,6 +113,10 @@ def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
     window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
     gqa_attention_terms(add, cfg, batch_size=b, seq_len=s, act_bytes=2, attention=attention, dropout=dropout,
                         window=window)
+    if attention == "eager" and cfg.num_kv_heads == 1 < a and b == 1:
+        # MQA, one sequence: repeat_kv of one head is a stride-0 view and so is matmul's (b·a, s, d) reshape of it;
+        # the 16-bit v is saved at its own size (k, fp32 after rotary, is cast to a full 16-bit copy)
+        add("v not repeated (MQA view, batch 1)", -2 * T * (q - kv), "−2·bs(a − 1)·d")
     add("MLP gate, up, activation, product (bf16)", 4 * 2 * T * f, "4·2·bsf")
     terms.append(copies)
     gemma_w = 4 * h if cfg.model_type == "gemma" else 0
@@ -204,8 +208,13 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
       + the LM head's and final norm's gradients g·(Vh + h) + the re-materialized segment + the MLP's backward
       temporaries: the two 16-bit gradients of the product's factors, 2·2·T·f (the product's own gradient
       replaces the product, freed), and the fp32 gradient of the residual stream, 4·T·h (OLMo 2, whose
-      layer backward starts with the post-MLP RMSNorm's: up to 5 fp32 b·s·h tensors, traced; eager attention
-      with recomputation: the attention core's 5·b·a·s², once the MLP's 4·2·T·f are freed, if larger);
+      layer backward starts with the post-MLP RMSNorm's: up to 5 fp32 b·s·h tensors, traced). Eager attention:
+      the attention core's backward, if larger: the probabilities' fp32 gradient (cast from the 16-bit one) and
+      the softmax's fp32 gradient less the 16-bit probabilities freed, (4 + 4 − 2)·b·a·s², once the MLP's, the
+      post-attention norm's and o_proj's saved tensors are freed and their weights' gradients made. Eager
+      attention with dropout and recomputation: the re-run forward holds the fp32 dropped-out probabilities (the
+      attention's second output, discarded only when the layer returns; under autocast ``.to(query.dtype)``
+      keeps them fp32), 4·b·a·s², beside the MLP's fp32 input and the residual stream's fp32 gradient, 2·4·T·h;
     * the bottom segment's backward: what the forward left for it (its saved input or layer, the rotary tables,
       ids and masks) + G less the bottom segment's and (untied) the embedding's gradients + the segment + the
       MLP temporaries;
@@ -227,8 +236,13 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     mlp_temp = 2 * 2 * T * f + 4 * T * h
     if cfg.model_type == "olmo2":  # the post-MLP norm's fp32 backward runs first, beside all the layer's tensors
         mlp_temp = max(mlp_temp, 5 * 4 * T * h)
-    if setup.attention == "eager" and setup.recompute != "none":  # after the MLP's 16-bit tensors are freed
-        mlp_temp = max(mlp_temp, 5 * b * cfg.num_heads * s * s - 4 * 2 * T * f)
+    if setup.attention == "eager":  # the attention core's backward, once the MLP, norm and o_proj are done
+        q = cfg.q_dim
+        freed = 8 * T * f + 4 * T * h + 2 * 3 * h * f + (8 * T * h + 4 * T) + 2 * T * q + 2 * q * h
+        made = int(g * (3 * h * f + q * h + h))
+        mlp_temp = max(mlp_temp, 6 * b * cfg.num_heads * s * s - freed + made)
+        if cfg.attn_dropout > 0 and setup.recompute != "none":  # the re-run forward holds the fp32 dropout output
+            mlp_temp = max(mlp_temp, 4 * b * cfg.num_heads * s * s + 2 * 4 * T * h)
     outside = sum(t.bytes for t in terms if not t.per_layer)
     small = outside - sum(t.bytes for t in terms if not t.per_layer and (
         t.name.startswith(("final", "log-softmax", WEIGHT_COPIES)) or "final" in t.name))
