@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlib import load_config
-from memlib.core.activations import _activation_terms, _sum_terms
+from memlib import MemlibError, load_config
+from memlib.core.activations import _activation_terms, _sum_terms, activation_terms
 from memlib.core.autocast import (WEIGHT_COPIES, autocast_activation_terms, autocast_forward_extra,
                                   linear_weight_params, setup_activation_terms)
 from memlib.core.estimate import backward_peak_bytes, estimate_training, saved_activations
@@ -76,6 +76,14 @@ def test_lora_and_other_frameworks_keep_the_dtype_terms() -> None:
         assert setup_activation_terms(cfg, setup) == _activation_terms(cfg, 1, 512, 2, "sdpa", True)
         assert autocast_forward_extra(cfg, setup) == 0
     assert setup_activation_terms(cfg, TrainingSetup()) == autocast_activation_terms(cfg, 1, 512, "sdpa", True)
+
+
+def test_activation_terms_autocast_flag() -> None:
+    cfg = load_config("qwen2-0.5b")
+    assert activation_terms(cfg, seq_len=256, autocast=True) == autocast_activation_terms(cfg, 1, 256, "sdpa", True)
+    assert activation_terms(cfg, seq_len=256) == _activation_terms(cfg, 1, 256, 2, "sdpa", True)
+    with pytest.raises(MemlibError, match="autocast needs precision bf16-mixed or fp16-mixed"):
+        activation_terms(cfg, precision="bf16", autocast=True)
 
 
 @pytest.mark.parametrize("model", ["gpt2", "mixtral-8x7b", "phi-3-mini"])
