@@ -96,16 +96,16 @@ def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
         terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
 
     if cfg.model_type == "olmo2":  # norms after attention and MLP: their inputs are the 16-bit o/down outputs
-        add("post-norms: fp32 copies of the bf16 inputs ×2", 2 * 4 * T * h, "2·4·bsh")
+        add("post-norms: fp32 copies of the 16-bit inputs ×2", 2 * 4 * T * h, "2·4·bsh")
     else:
         add("RMSNorm inputs: the fp32 residual stream ×2", 2 * 4 * T * h, "2·4·bsh")
     add("RMSNorm normalized (fp32) ×2", 2 * 4 * T * h, "2·4·bsh")
     add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
     if cfg.model_type == "gemma":  # output = norm(x) * (1.0 + weight.float()): the fp32 (1 + w) is saved
         add("Gemma RMSNorm (1 + w) (fp32) ×2", 2 * 4 * h, "2·4h")
-    add("bf16 casts of the Linear inputs (q, k, v; gate, up)", 5 * 2 * T * h, "5·2·bsh")
-    if cfg.model_type == "qwen3":  # q_norm, k_norm over each head of the 16-bit q, k: fp32 copy, rsqrt, bf16 normalized
-        add("q_norm, k_norm: fp32 inputs, bf16 normalized, rsqrt", 6 * T * (q + kv) + 4 * T * (a + cfg.num_kv_heads),
+    add("16-bit casts of the Linear inputs (q, k, v; gate, up)", 5 * 2 * T * h, "5·2·bsh")
+    if cfg.model_type == "qwen3":  # q_norm, k_norm over each head of the 16-bit q, k: fp32 copy, rsqrt, 16-bit normalized
+        add("q_norm, k_norm: fp32 inputs, 16-bit normalized, rsqrt", 6 * T * (q + kv) + 4 * T * (a + cfg.num_kv_heads),
             "6·bs(a + a_kv)·d + 4·bs(a + a_kv)")
     if cfg.model_type == "olmo2":  # q_norm, k_norm over all heads, multiplied by the weight in fp32
         add("q_norm, k_norm: fp32 inputs and normalized, rsqrt", 8 * T * (q + kv) + 2 * 4 * T,
@@ -117,10 +117,10 @@ def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
         # MQA, one sequence: repeat_kv of one head is a stride-0 view and so is matmul's (b·a, s, d) reshape of it;
         # the 16-bit v is saved at its own size (k, fp32 after rotary, is cast to a full 16-bit copy)
         add("v not repeated (MQA view, batch 1)", -2 * T * (q - kv), "−2·bs(a − 1)·d")
-    add("MLP gate, up, activation, product (bf16)", 4 * 2 * T * f, "4·2·bsf")
+    add("MLP gate, up, activation, product (16-bit)", 4 * 2 * T * f, "4·2·bsf")
     terms.append(copies)
     gemma_w = 4 * h if cfg.model_type == "gemma" else 0
-    add("final RMSNorm: fp32 input, normalized, rsqrt; bf16 cast", 10 * T * h + 4 * T + gemma_w,
+    add("final RMSNorm: fp32 input, normalized, rsqrt; 16-bit cast", 10 * T * h + 4 * T + gemma_w,
         "(4 + 4 + 2)·bsh + 4·bs" + (" + 4h" if gemma_w else ""), per_layer=False)
     terms.append(head)
     add("rotary cos, sin (fp32)", 2 * 4 * s * d, "2·4·s·d", per_layer=False)
