@@ -104,7 +104,7 @@ def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
     if cfg.model_type == "gemma":  # output = norm(x) * (1.0 + weight.float()): the fp32 (1 + w) is saved
         add("Gemma RMSNorm (1 + w) (fp32) ×2", 2 * 4 * h, "2·4h")
     add("16-bit casts of the Linear inputs (q, k, v; gate, up)", 5 * 2 * T * h, "5·2·bsh")
-    if cfg.model_type == "qwen3":  # q_norm, k_norm over each head of the 16-bit q, k: fp32 copy, rsqrt, 16-bit normalized
+    if cfg.model_type == "qwen3":  # q_norm, k_norm over each head of the 16-bit q, k: fp32 copy, rsqrt, normalized
         add("q_norm, k_norm: fp32 inputs, 16-bit normalized, rsqrt", 6 * T * (q + kv) + 4 * T * (a + cfg.num_kv_heads),
             "6·bs(a + a_kv)·d + 4·bs(a + a_kv)")
     if cfg.model_type == "olmo2":  # q_norm, k_norm over all heads, multiplied by the weight in fp32
