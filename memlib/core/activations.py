@@ -2,7 +2,8 @@
 
 Derived from what each op of the transformers implementation saves (gated MLP, RMSNorm with its fp32 upcast,
 grouped-query attention, fp32 softmax in eager attention, the fp32 upcast of the logits in the loss) and
-checked against :mod:`memlib.measure.trace`; :func:`memlib.core.estimate.saved_activations` sums the terms.
+checked against :mod:`memlib.measure.trace`; :func:`memlib.core.estimate.saved_activations` sums the terms. The
+terms of an fp32 model under torch.autocast (PyTorch AMP) are :mod:`memlib.core.autocast`'s.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from . import families_moe
 from .attention_terms import gqa_attention_terms
 from .choices import ATTENTION, PRECISIONS
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
-from .errors import check_choice, check_positive
+from .errors import MemlibError, check_choice, check_positive
 
 __all__ = ["ActivationTerm", "activation_terms", "korthikanti_activation_bytes"]
 
@@ -49,7 +50,7 @@ def korthikanti_activation_bytes(cfg: ModelConfig | str, batch_size: int, seq_le
 
 def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1,
                      seq_len: int = 512, precision: str = "bf16-mixed", attention: str = "sdpa",
-                     dropout: bool = True) -> list[ActivationTerm]:
+                     dropout: bool = True, autocast: bool = False) -> list[ActivationTerm]:
     """What the forward pass of the transformers model saves for backward, term by term.
 
     Introduced in Chapter 1 (and taken apart in Chapter 4). Derived from the transformers implementation
@@ -62,6 +63,8 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
         precision: sets the activation dtype (4 bytes for fp32, 2 otherwise).
         attention: ``"eager"`` (scores materialized) or ``"sdpa"`` (flash kernel: output + log-sum-exp).
         dropout: apply the config's dropout probabilities (training); False as in evaluation.
+        autocast: an fp32 model under 16-bit torch.autocast (PyTorch AMP, ``bf16-mixed``/``fp16-mixed``):
+            :func:`memlib.core.autocast.autocast_activation_terms`, the 16-bit weight copies included.
 
     Returns:
         The terms; ``per_layer`` ones are multiplied by the number of layers.
@@ -71,6 +74,12 @@ def activation_terms(model: str | Path | dict[str, Any] | ModelConfig, *, batch_
     check_choice("attention", attention, ATTENTION)
     b = check_positive("batch_size", batch_size)
     s = check_seq_len(cfg, check_positive("seq_len", seq_len))
+    if autocast:
+        if not precision.endswith("-mixed"):
+            raise MemlibError(f"autocast needs precision bf16-mixed or fp16-mixed (got precision={precision!r})")
+        from .autocast import autocast_activation_terms  # it builds on this module
+
+        return autocast_activation_terms(cfg, b, s, attention, dropout)
     return _activation_terms(cfg, b, s, 4 if precision == "fp32" else 2, attention, dropout)
 
 

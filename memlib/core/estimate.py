@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from . import families_moe
-from .activations import ActivationTerm, _activation_terms, _sum_terms, activation_terms, korthikanti_activation_bytes
+from .activations import ActivationTerm, _sum_terms, activation_terms, korthikanti_activation_bytes
+from .autocast import autocast_backward_peak, segment_input_bytes, setup_activation_terms
 from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
                       RECOMPUTE)
 from .categories import estimate_by_category
@@ -295,11 +296,11 @@ class SavedActivations:
 def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivations:
     """Bytes saved for backward, under the recomputation chosen (Korthikanti et al. 2022, ``korthikanti2022reducing``).
 
-    Without recomputation: L × (one layer's terms) + the terms outside the layers, the terms derived from the
-    transformers implementation (:func:`activation_terms`). Selective recomputation drops the attention core
-    (scores, probabilities, dropout, log-sum-exp: Korthikanti's 5as/h term) and recomputes it one layer at a
-    time. Full recomputation keeps each segment's input, ⌈L/k⌉ · e·b·s·h, and re-materializes k layers
-    during backward (Chen et al. 2016's segments; k = 1 is transformers' ``gradient_checkpointing_enable()``).
+    Without recomputation: L × (one layer's terms) + the terms outside the layers (:func:`activation_terms`;
+    under torch.autocast :func:`memlib.core.autocast.autocast_activation_terms`). Selective recomputation drops
+    the attention core (Korthikanti's 5as/h term) and recomputes it one layer at a time. Full recomputation keeps
+    each segment's input, ⌈L/k⌉ · e·b·s·h (fp32 under autocast), and re-materializes k layers during backward
+    (Chen et al. 2016's segments; k = 1 is transformers' ``gradient_checkpointing_enable()``).
     LoRA (peft, ``lora_dropout=0``; measured in Chapter 9): frozen weights drop what only their weight
     gradients needed (the RMSNorms' outputs, the MLP product, the final RMSNorm), and every adapted Linear
     adds an fp32 copy of its input and lora_A's rank-r output.
@@ -308,8 +309,7 @@ def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivation
         MemlibError: LoRA/QLoRA for a family whose LoRA terms memlib has not derived.
     """
     b, s, e = setup.batch_size, setup.seq_len, setup.act_bytes
-    terms = _activation_terms(cfg, b, s, e, setup.attention, True)
-    per_layer, outside = _sum_terms(terms)
+    per_layer, outside = _sum_terms(terms := setup_activation_terms(cfg, setup))  # autocast's own under AMP
     L, h, f, T, method = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, b * s, setup.method
     if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
         raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
@@ -319,19 +319,16 @@ def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivation
         adapters = sum(4 * T * i + 4 * T * setup.lora_rank for _, i, _ in targeted_linears(cfg, setup.lora_targets))
         per_layer += adapters - by_name["RMSNorm normalized and weighted outputs ×2"] - e * T * f
         outside -= by_name["final RMSNorm"]
-    k_seg = setup.checkpoint_every
+    k_seg, saved_layers, live_layer = setup.checkpoint_every, L * per_layer, 0
     if setup.recompute == "full":
         n_kept, k_seg = segment_layers(L, k_seg, clamp=True)  # Chapter 4's one segment formula, k capped at L
-        saved_layers = n_kept * e * T * h  # each segment's input
+        saved_layers = segment_input_bytes(cfg, setup, n_kept)  # each segment's input (fp32 under autocast)
         live_layer = k_seg * per_layer  # one segment re-materialized during backward
     elif setup.recompute == "selective":
         core = sum(t.bytes for t in terms if t.per_layer and ("softmax" in t.name or "attention dropout" in t.name
                                                              or "log-sum-exp" in t.name))
         saved_layers = L * (per_layer - core)
         live_layer = core
-    else:
-        saved_layers = L * per_layer
-        live_layer = 0
     return SavedActivations(terms, saved_layers + outside, live_layer, k_seg)
 
 
@@ -351,11 +348,13 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
     * the end: G (less the k − 1 layers of the bottom segment without gradients yet) + a tied embedding's
       out-of-place gradient sum + the live segment.
 
-    MoE models without recomputation add the bottom layers' expert backward
-    (:func:`memlib.core.families_moe.bottom_backward_bytes`). LoRA freezes the embedding and the head.
+    MoE models without recomputation add the expert backward (:func:`memlib.core.families_moe.bottom_backward_bytes`).
+    LoRA freezes the embedding and the head. torch.autocast: :func:`memlib.core.autocast.autocast_backward_peak`.
     """
     b, s, e, full = setup.batch_size, setup.seq_len, setup.act_bytes, setup.method == "full"
     L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
+    if setup.autocast and full:  # fp32 gradients, the end of the forward pass: memlib.core.autocast
+        return autocast_backward_peak(cfg, setup, acts, g_bytes, n, layer_params)
     activations, live_layer, k_seg = acts.bytes, acts.live_layer, acts.segment
     g_per_param = g_bytes / n_train
     grad_per_layer = int(g_per_param * layer_params) if full else g_bytes // L

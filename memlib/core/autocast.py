@@ -1,0 +1,265 @@
+"""What the forward pass saves for backward under torch.autocast (PyTorch AMP), term by term: pure Python, no torch.
+
+Under ``torch.autocast(device_type, dtype=torch.bfloat16)`` (or float16) the model stays in fp32 and autocast casts
+the inputs of the ops on its lower-precision list (``linear``/``mm``/``matmul``, ``scaled_dot_product_attention``)
+for each call (``aten/src/ATen/autocast_mode.h``, ``cached_cast``). What that means for the tensors saved for
+backward, derived from transformers' Llama-family code and checked against real CPU traces of the step (tests):
+
+* the embedding output and the residual stream are fp32; RMSNorm upcasts explicitly (``hidden_states.to(float32)``
+  is then a no-op) and keeps its fp32 input, its rsqrt and the fp32 normalized tensor (for the weight's gradient);
+* every Linear saves a 16-bit copy of its input, made by that call: autocast caches casts of leaf tensors that
+  require grad (the weights) only, so the normalized output feeding q, k and v is cast three times and the one
+  feeding gate and up twice;
+* every Linear saves the 16-bit copy of its weight (autocast's weight cache, cleared when the outermost autocast
+  block exits; the copies autograd saved live until the backward pass frees them): 2 bytes per Linear weight,
+  the LM head's included. The tracer counts them as ``activations`` (made by the forward pass), and so does the
+  estimate ("autocast 16-bit weight copies"). Bias copies are cached but not saved (addmm's backward does not
+  need the bias): they die when the autocast block exits;
+* rotary: cos and sin take the dtype of the fp32 embeddings, so q·cos promotes the 16-bit q to fp32 and the
+  attention's autocast casts q and k back to 16 bits: the saved q, k, v, output and log-sum-exp are 16-bit as in
+  pure bf16, and so are eager attention's saved tensors (its fp32 softmax, and the 16-bit cast that the second
+  matmul's autocast makes instead of ``.to(query.dtype)``, which is a no-op on an fp32 query);
+* the MLP runs in 16 bits after the casts (gate, up, activation, product), as in pure bf16; the logits come out of
+  the LM head in 16 bits and transformers' loss upcasts them (``logits.float()``) before ``log_softmax``.
+
+CPU and CUDA autocast differ in their op lists (CUDA runs ``pow``, ``rsqrt``, ``softmax``, ``log_softmax``,
+``layer_norm`` in fp32; CPU's fp32 list has mostly losses and linear algebra), but for these families every such op
+already gets an fp32 input (the fp32 residual stream, the explicit upcasts), so the saved bytes agree; GPT-2's
+``gelu_new`` (``pow`` on a 16-bit input) is one place where they would not, and its terms are not derived here.
+
+Full recomputation (transformers' non-reentrant ``torch.utils.checkpoint``) keeps each layer's fp32 input, the
+int64 position ids every checkpointed layer receives and, for eager attention, the fp32 additive causal mask
+(a boolean one for SDPA with a sliding window); the weight copies of the checkpointed layers are discarded from
+the graph but stay in autocast's cache until the forward pass ends (:func:`autocast_forward_extra`).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from .activations import ActivationTerm, _activation_terms
+from .attention_terms import gqa_attention_terms
+from .configs import ModelConfig
+from .params import count_params
+from .setup import TrainingSetup
+
+__all__ = ["AUTOCAST_FAMILIES", "WEIGHT_COPIES", "autocast_activation_terms", "linear_weight_params",
+           "setup_activation_terms", "segment_input_bytes", "autocast_forward_extra", "autocast_backward_peak"]
+
+#: The families whose autocast terms are derived (and checked against CPU traces); the others get an approximation.
+AUTOCAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
+
+#: Name of the term with the 16-bit weight copies of one layer's Linears (and of the LM head, outside the layers).
+WEIGHT_COPIES = "autocast 16-bit weight copies"
+
+
+def _derived(cfg: ModelConfig) -> bool:
+    return (cfg.model_type in AUTOCAST_FAMILIES and cfg.moe is None and cfg.mla is None
+            and not cfg.learned_positions)
+
+
+def linear_weight_params(cfg: ModelConfig) -> int:
+    """Weights of one decoder layer's Linears (q, k, v, o, gate, up, down), biases excluded: what autocast copies.
+
+    For the families outside :data:`AUTOCAST_FAMILIES`, the layer's parameters (an upper bound).
+    """
+    if not _derived(cfg):
+        return count_params(cfg).per_layer
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    return h * q + 2 * h * kv + q * h + 3 * h * f
+
+
+def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
+                              dropout: bool) -> list[ActivationTerm]:
+    """What the forward pass saves for backward under 16-bit torch.autocast of an fp32 model, term by term.
+
+    Introduced in Chapter 1 (PyTorch AMP). Derived for :data:`AUTOCAST_FAMILIES` (see the module docstring); each
+    term names its dtype. Other families: an approximation, their fp32 terms (every saved tensor at 4 bytes) plus
+    the 16-bit copies of the layer's parameters and of the LM head.
+
+    Args:
+        cfg: the model; b: batch size; s: sequence length.
+        attention: ``"eager"`` or ``"sdpa"``; dropout: apply the config's dropout probabilities.
+
+    Returns:
+        The terms; ``per_layer`` ones are multiplied by the number of layers.
+    """
+    T = b * s
+    h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
+    q, kv, d = cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    head = ActivationTerm(f"{WEIGHT_COPIES} (LM head)", 2 * V * h, "2·Vh", per_layer=False)
+    copies = ActivationTerm(WEIGHT_COPIES, 2 * linear_weight_params(cfg), "2·(Linear weights of a layer)")
+    if not _derived(cfg):
+        return _activation_terms(cfg, b, s, 4, attention, dropout) + [copies, head]
+    terms: list[ActivationTerm] = []
+
+    def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
+        terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
+
+    if cfg.model_type == "olmo2":  # norms after attention and MLP: their inputs are the 16-bit o/down outputs
+        add("post-norms: fp32 copies of the 16-bit inputs ×2", 2 * 4 * T * h, "2·4·bsh")
+    else:
+        add("RMSNorm inputs: the fp32 residual stream ×2", 2 * 4 * T * h, "2·4·bsh")
+    add("RMSNorm normalized (fp32) ×2", 2 * 4 * T * h, "2·4·bsh")
+    add("RMSNorm rsqrt (fp32) ×2", 2 * 4 * T, "2·4·bs")
+    if cfg.model_type == "gemma":  # output = norm(x) * (1.0 + weight.float()): the fp32 (1 + w) is saved
+        add("Gemma RMSNorm (1 + w) (fp32) ×2", 2 * 4 * h, "2·4h")
+    add("16-bit casts of the Linear inputs (q, k, v; gate, up)", 5 * 2 * T * h, "5·2·bsh")
+    if cfg.model_type == "qwen3":  # q_norm, k_norm over each head of the 16-bit q, k: fp32 copy, rsqrt, normalized
+        add("q_norm, k_norm: fp32 inputs, 16-bit normalized, rsqrt", 6 * T * (q + kv) + 4 * T * (a + cfg.num_kv_heads),
+            "6·bs(a + a_kv)·d + 4·bs(a + a_kv)")
+    if cfg.model_type == "olmo2":  # q_norm, k_norm over all heads, multiplied by the weight in fp32
+        add("q_norm, k_norm: fp32 inputs and normalized, rsqrt", 8 * T * (q + kv) + 2 * 4 * T,
+            "8·bs(a + a_kv)·d + 2·4·bs")
+    window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
+    gqa_attention_terms(add, cfg, batch_size=b, seq_len=s, act_bytes=2, attention=attention, dropout=dropout,
+                        window=window)
+    if attention == "eager" and cfg.num_kv_heads == 1 < a and b == 1:
+        # MQA, one sequence: repeat_kv of one head is a stride-0 view and so is matmul's (b·a, s, d) reshape of it;
+        # the 16-bit v is saved at its own size (k, fp32 after rotary, is cast to a full 16-bit copy)
+        add("v not repeated (MQA view, batch 1)", -2 * T * (q - kv), "−2·bs(a − 1)·d")
+    add("MLP gate, up, activation, product (16-bit)", 4 * 2 * T * f, "4·2·bsf")
+    terms.append(copies)
+    gemma_w = 4 * h if cfg.model_type == "gemma" else 0
+    add("final RMSNorm: fp32 input, normalized, rsqrt; 16-bit cast", 10 * T * h + 4 * T + gemma_w,
+        "(4 + 4 + 2)·bsh + 4·bs" + (" + 4h" if gemma_w else ""), per_layer=False)
+    terms.append(head)
+    add("rotary cos, sin (fp32)", 2 * 4 * s * d, "2·4·s·d", per_layer=False)
+    add("log-softmax of the fp32 logits", 4 * T * V, "4·bsV", per_layer=False)
+    add("input ids and labels", 16 * T, "16·bs", per_layer=False)
+    return terms
+
+
+def setup_activation_terms(cfg: ModelConfig, setup: TrainingSetup) -> list[ActivationTerm]:
+    """The activation terms of a setup: autocast's for full fine-tuning under torch.autocast, else the dtype's.
+
+    LoRA/QLoRA keep the 16-bit base's terms (:func:`memlib.core.activations.activation_terms`).
+    """
+    b, s = setup.batch_size, setup.seq_len
+    if setup.autocast and setup.method == "full":
+        return autocast_activation_terms(cfg, b, s, setup.attention, True)
+    return _activation_terms(cfg, b, s, setup.act_bytes, setup.attention, True)
+
+
+def segment_input_bytes(cfg: ModelConfig, setup: TrainingSetup, n_kept: int) -> int:
+    """What full recomputation keeps at the end of the forward pass besides the tensors outside the layers.
+
+    Each of the ``n_kept`` checkpointed segments keeps its input: e·b·s·h, fp32 under autocast (the residual
+    stream). Under autocast (checked against CPU traces) also the int64 position ids (8·s) and, with eager
+    attention, the fp32 additive causal mask (4·b·s²), or with SDPA and a sliding window no longer than the
+    sequence the boolean mask (s²), which every checkpointed layer receives as an input.
+    """
+    T, h = setup.batch_size * setup.seq_len, cfg.hidden_size
+    if not (setup.autocast and setup.method == "full"):
+        return n_kept * setup.act_bytes * T * h
+    s = setup.seq_len
+    window = cfg.raw.get("sliding_window") if cfg.model_type == "mistral" else None
+    mask = 0
+    if setup.attention == "eager":
+        mask = 4 * setup.batch_size * s * s
+    elif isinstance(window, int) and s >= window:
+        mask = s * s
+    return n_kept * 4 * T * h + 8 * s + mask
+
+
+def autocast_forward_extra(cfg: ModelConfig, setup: TrainingSetup) -> int:
+    """Bytes on top of the saved activations at the end of an autocast forward pass (the loss), before autocast exits.
+
+    The 16-bit logits (2·bsV) and their fp32 copy (4·bsV) beside the log-softmax, the final RMSNorm's fp32 output
+    that the model's output still holds (4·bsh), the padded labels (8·b·(s + 1)), the cached bias copies
+    (2 bytes per bias) and, with full recomputation, the cached weight copies of every checkpointed layer (the
+    graph dropped them, autocast's cache has not). With full recomputation of a large model this moment, not the
+    backward pass, is the peak; 0 without autocast.
+    """
+    if not (setup.autocast and setup.method == "full"):
+        return 0
+    b, s = setup.batch_size, setup.seq_len
+    T, h, V, L = b * s, cfg.hidden_size, cfg.vocab_size, cfg.num_layers
+    biases = (cfg.q_dim + 2 * cfg.kv_dim) if cfg.qkv_bias else 0
+    biases += (h if cfg.out_bias else 0) + ((2 * cfg.intermediate_size + h) if cfg.mlp_bias else 0)
+    cached = L * 2 * linear_weight_params(cfg) if setup.recompute == "full" else 0
+    return 6 * T * V + 4 * T * h + 8 * b * (s + 1) + 2 * L * biases + cached
+
+
+class _Saved(Protocol):
+    """The fields of :class:`memlib.core.estimate.SavedActivations` that :func:`autocast_backward_peak` reads."""
+
+    @property
+    def terms(self) -> list[ActivationTerm]: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def live_layer(self) -> int: ...
+    @property
+    def segment(self) -> int: ...
+
+
+def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved, g_bytes: int, n: int,
+                           layer_params: int) -> int:
+    """Bytes on top of the weights and optimizer states at the peak of an autocast step's forward/backward pass.
+
+    Full fine-tuning under torch.autocast, fp32 gradients (g = g_bytes / n bytes per parameter). The largest of
+    six moments (A = saved activations, T = b·s, G = all gradients), checked against CPU traces:
+
+    * the end of the forward pass (:func:`autocast_forward_extra`): A + the loss's logits and the cached copies;
+    * loss backward: A + 2·4·T·V, as without autocast;
+    * LM-head backward: A − 4TV + the 16-bit logits' gradient 2TV + the input's gradient (2 + 4)·T·h + the head's
+      weight gradient, 16-bit then fp32, (2 + g)·V·h;
+    * the top segment's backward: A less the log-softmax, the final norm's tensors and the head's weight copy
+      + the LM head's and final norm's gradients g·(Vh + h) + the re-materialized segment + the MLP's backward
+      temporaries: the two 16-bit gradients of the product's factors, 2·2·T·f (the product's own gradient
+      replaces the product, freed), and the fp32 gradient of the residual stream, 4·T·h (OLMo 2, whose
+      layer backward starts with the post-MLP RMSNorm's: up to 5 fp32 b·s·h tensors, traced). Eager attention:
+      the attention core's backward, if larger: the probabilities' fp32 gradient (cast from the 16-bit one) and
+      the softmax's fp32 gradient less the 16-bit probabilities freed, (4 + 4 − 2)·b·a·s², once the MLP's, the
+      post-attention norm's and o_proj's saved tensors are freed and their weights' gradients made. Eager
+      attention with dropout and recomputation: the re-run forward holds the fp32 dropped-out probabilities (the
+      attention's second output, discarded only when the layer returns; under autocast ``.to(query.dtype)``
+      keeps them fp32), 4·b·a·s², beside the MLP's fp32 input and the residual stream's fp32 gradient, 2·4·T·h;
+    * the bottom segment's backward: what the forward left for it (its saved input or layer, the rotary tables,
+      ids and masks) + G less the bottom segment's and (untied) the embedding's gradients + the segment + the
+      MLP temporaries;
+    * the end: G + a tied embedding's out-of-place gradient sum (2·g·V·h) + the small tensors left.
+
+    Args:
+        cfg: the model; setup: the settings (autocast, full fine-tuning).
+        acts: :func:`memlib.core.estimate.saved_activations` of the setup.
+        g_bytes: gradient bytes (fp32: 4·n); n: parameters; layer_params: parameters of one decoder layer.
+
+    Returns:
+        The bytes; ``estimate_training`` adds them to the weights and optimizer states.
+    """
+    acts_bytes, terms, live_layer, k_seg = acts.bytes, acts.terms, acts.live_layer, acts.segment
+    b, s = setup.batch_size, setup.seq_len
+    L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
+    g = g_bytes / n
+    logsm, vh = 4 * T * V, int(g * V * h)
+    mlp_temp = 2 * 2 * T * f + 4 * T * h
+    if cfg.model_type == "olmo2":  # the post-MLP norm's fp32 backward runs first, beside all the layer's tensors
+        mlp_temp = max(mlp_temp, 5 * 4 * T * h)
+    if setup.attention == "eager":  # the attention core's backward, once the MLP, norm and o_proj are done
+        q = cfg.q_dim
+        freed = 8 * T * f + 4 * T * h + 2 * 3 * h * f + (8 * T * h + 4 * T) + 2 * T * q + 2 * q * h
+        made = int(g * (3 * h * f + q * h + h))
+        mlp_temp = max(mlp_temp, 6 * b * cfg.num_heads * s * s - freed + made)
+        if cfg.attn_dropout > 0 and setup.recompute != "none":  # the re-run forward holds the fp32 dropout output
+            mlp_temp = max(mlp_temp, 4 * b * cfg.num_heads * s * s + 2 * 4 * T * h)
+    outside = sum(t.bytes for t in terms if not t.per_layer)
+    small = outside - sum(t.bytes for t in terms if not t.per_layer and (
+        t.name.startswith(("final", "log-softmax", WEIGHT_COPIES)) or "final" in t.name))
+    if setup.recompute == "full":
+        bottom = small + segment_input_bytes(cfg, setup, 1) + live_layer
+    elif setup.recompute == "selective":
+        bottom = small + (acts_bytes - outside) // L + live_layer
+    else:
+        bottom = small + (acts_bytes - outside) // L
+    grad_layer = int(g * layer_params)
+    g_all = int(g_bytes)
+    candidates = [
+        acts_bytes + autocast_forward_extra(cfg, setup),
+        acts_bytes + 2 * logsm,
+        acts_bytes - logsm + 2 * T * V + 6 * T * h + (2 * V * h + vh),
+        acts_bytes - (outside - small) + int(g * (V * h + h)) + live_layer + mlp_temp,
+        bottom + g_all - k_seg * grad_layer - (0 if cfg.tie_word_embeddings else vh) + mlp_temp,
+        g_all + (2 * vh if cfg.tie_word_embeddings else 0) + small,
+    ]
+    return max(candidates)
