@@ -122,3 +122,22 @@ def test_framework_errors_are_one_line() -> None:
         trace_training("gpt2", framework="deepspeed", precision="bf16")
     with pytest.raises(MemlibError, match="unknown autocast lists 'xpu'"):
         trace_training("gpt2", precision="bf16-mixed", autocast_lists="xpu")
+
+
+def test_cli_trace_framework(capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from memlib.cli import main
+
+    bytes_ = {}
+    for framework in ("pytorch", "deepspeed"):
+        assert main(["trace", "gpt2", "--batch", "1", "--seq", "32", "--framework", framework, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["framework"] == framework and data["precision"] == "bf16-mixed"
+        bytes_[framework] = data["params_bytes"]
+    assert bytes_["pytorch"] == 2 * bytes_["deepspeed"]  # fp32 weights under autocast, 16-bit under DeepSpeed
+    with pytest.raises(SystemExit) as e:
+        main(["trace", "gpt2", "--framework", "fsdp2"])
+    assert e.value.code == 2 and "invalid choice: 'fsdp2'" in capsys.readouterr().err
+    assert main(["trace", "gpt2", "--framework", "deepspeed", "--precision", "bf16"]) == 2
+    assert "framework 'deepspeed' traces mixed precision" in capsys.readouterr().err

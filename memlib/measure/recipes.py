@@ -27,7 +27,9 @@ def _grad_scaler(device: str, tracker: MemoryTracker) -> Any:
     """
     torch = _torch()
 
-    class _MetaGradScaler(torch.amp.GradScaler):
+    base: Any = torch.amp.GradScaler
+
+    class _MetaGradScaler(base):
         def _maybe_opt_step(self, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
             return optimizer.step(*args, **kwargs)
 
