@@ -67,7 +67,7 @@ def test_cuda_and_cpu_lists_hold_the_same_for_llama_like_families(model: str) ->
 
 
 def test_cuda_lists_keep_gpt2_gelu_and_softmax_in_fp32() -> None:
-    # gelu_new's torch.pow and eager attention's softmax (no dtype) run in fp32 under CUDA autocast only.
+    # gelu_new's torch.pow runs in fp32 under CUDA autocast only (the MLP's elementwise activations grow).
     kw = _kw("gpt2", precision="bf16-mixed", attention="eager", optimizer="sgd")
     kw.update(batch_size=4, seq_len=64)
     cuda = trace_training("gpt2", autocast_lists="cuda", **kw)

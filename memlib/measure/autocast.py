@@ -30,8 +30,10 @@ CPU and CUDA lists differ in ways that change memory: CUDA runs ``pow``, ``exp``
 ``layer_norm`` and more in fp32 and gives ``softmax``/``log_softmax``/``sum`` an fp32 output; CPU does not.
 For Llama, Qwen2 and Gemma this changes nothing (their RMSNorms, RoPE and softmax already work in fp32 on
 fp32 inputs, eager softmax is called with ``dtype=torch.float32``), but for GPT-2 it does: its ``gelu_new``
-(``torch.pow(x, 3.0)``) runs in fp32 on CUDA, and its eager attention's ``softmax`` (no dtype) keeps fp32
-scores on CUDA and 16-bit ones on CPU. Meta traces emulate CUDA's lists by default (the estimator targets GPUs).
+(``torch.pow(x, 3.0)`` on the 16-bit ``c_fc`` output) runs in fp32 on CUDA, so the MLP's elementwise
+activations are fp32 on CUDA and 16-bit on CPU. (GPT-2's eager ``softmax`` has no dtype, but its input is
+already fp32: the 16-bit scores plus the fp32 additive mask.) Meta traces emulate CUDA's lists by default (the
+estimator targets GPUs).
 torch is imported lazily.
 """
 from __future__ import annotations

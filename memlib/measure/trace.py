@@ -3,7 +3,10 @@
 The tracer runs one transformers model built from a config through forward + loss + backward +
 ``optimizer.step()`` + ``zero_grad(set_to_none=True)`` twice, and reports the peak of live tensor bytes
 in the second (steady-state) step, by category. On the ``meta`` device no memory is allocated and no
-weights exist, so a 70B model traces in seconds on a laptop. torch and transformers are imported lazily.
+weights exist, so a 70B model traces in seconds on a laptop. Mixed precision runs a framework's recipe
+(``framework``): PyTorch AMP (``torch.autocast``, emulated on meta by :mod:`memlib.measure.autocast`) or
+DeepSpeed's ZeRO-1/2 optimizer on one rank (:mod:`memlib.measure.recipes`). torch and transformers are imported
+lazily.
 """
 from __future__ import annotations
 
