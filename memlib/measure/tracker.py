@@ -83,6 +83,7 @@ class MemoryTracker:
         self._activation_peak = activation_peak
         self.on_event = on_event
         self._handles: list[Any] = []
+        self._forgotten: set[int] = set()  # storages never to count (see :meth:`forget`)
         # Optional per-segment maxima (segments: a layer's forward, its backward, ...), used to extrapolate a
         # trace of a few layers to many (see trace_training's ``extrapolate``).
         self.segment: Any = None
@@ -104,7 +105,7 @@ class MemoryTracker:
             return
         st = t.untyped_storage()
         key = st._cdata
-        if key in self.live:
+        if key in self.live or key in self._forgotten:
             return
         nbytes = st.nbytes()
         cat = category or self.category
@@ -148,10 +149,16 @@ class MemoryTracker:
         self.totals[category] += nbytes
 
     def forget(self, t: Any) -> None:
-        """Stop counting the storage of ``t`` (e.g. optimizer step counters, which live on the host)."""
+        """Stop counting the storage of ``t``, now and later (e.g. optimizer step counters, which live on the
+        host: in a CPU trace ``step_t += 1`` would otherwise count them again as the in-place op's output)."""
         torch = _torch()
         if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
-            self._release(t.untyped_storage()._cdata)
+            st = t.untyped_storage()
+            key = st._cdata
+            self._release(key)
+            if key not in self._forgotten:
+                self._forgotten.add(key)
+                weakref.finalize(st, self._forgotten.discard, key)
 
     # ------------------------------------------------------------------------------------ attach to a step
     def track_model(self, net: Any, *, grad_hooks: bool = True) -> int:
