@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA context and workspaces kept free per GPU (default 1GiB); 5%% of the estimate is "
                          "added for fragmentation")
     pl.add_argument("--lora-rank", type=_positive_int, default=16)
+    pl.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
+                    help="training framework whose layout and rungs the ladder uses (default pytorch; ZeRO-2/3 "
+                         "and offload rungs for deepspeed/fsdp2, a 'switch to DeepSpeed' rung for pytorch/megatron;"
+                         " --parallel plans Megatron/DeepSpeed layouts)")
     pl.add_argument("--parallel", action="store_true",
                     help="pre-training layout over data, tensor, pipeline and context parallelism (Chapter 15)")
     pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node for --parallel (default 8)")
@@ -230,7 +234,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                                  cp=args.cp if args.cp != 1 else None, ep=args.ep if args.ep != 1 else None)
             return pres.as_dict(), _parallel_plan_text(pres)
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
-                      seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank)
+                      seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank, framework=args.framework)
         return result.as_dict(), _plan_text(result)
     if args.command == "serve":
         from .core.serve import serve
@@ -282,8 +286,8 @@ def _plan_text(result: Any) -> str:
                      f"{st.cpu_bytes / GiB:>9.2f}  {fits:<4}  {needed:<6}  {st.cost}")
     if result.fits:
         ch = result.chosen
-        keys = ("precision", "attention", "batch_size", "accumulation_steps", "recompute", "zero_stage", "optimizer",
-                "method", "offload", "weights", "kv_dtype", "tensor_parallel", "pipeline_parallel")
+        keys = ("framework", "precision", "attention", "batch_size", "accumulation_steps", "recompute", "zero_stage",
+                "optimizer", "method", "offload", "weights", "kv_dtype", "tensor_parallel", "pipeline_parallel")
         what = ", ".join(f"{k}={ch.settings[k]}" for k in keys if k in ch.settings)
         lines.append(f"fits: {what}")
         lines.append(f"  {ch.per_gpu_bytes / GiB:.2f} GiB per GPU + {ch.reserve_bytes / GiB:.2f} GiB reserve, headroom "

@@ -201,7 +201,9 @@ def test_estimator_clamps_segments_longer_than_the_model() -> None:
 def _agree(model: dict | str, **kw: object) -> tuple[int, int]:
     kw = {**dict(precision="bf16-mixed", optimizer="adamw", batch_size=4, seq_len=2048), **kw}
     tr = trace_recompute(model, **kw)  # type: ignore[arg-type]
-    est = estimate_training(model, **kw)  # type: ignore[arg-type]
+    # the trace keeps 16-bit weights beside fp32 master copies: DeepSpeed's layout at stage 0 (the backward peak does
+    # not see the step's temporaries, where the two differ)
+    est = estimate_training(model, framework="deepspeed", **kw)  # type: ignore[arg-type]
     assert tr.peak_phase == est.peak_phase == "backward"  # the recomputation terms decide the peak
     return est.total_bytes, tr.peak_bytes
 

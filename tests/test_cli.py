@@ -19,7 +19,8 @@ def test_params_json(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_train_json_keys_are_integers(capsys: pytest.CaptureFixture) -> None:
-    assert main(["train", "llama-2-7b", "--batch", "4", "--seq", "4096", "--zero", "2", "--gpus", "8", "--json"]) == 0
+    assert main(["train", "llama-2-7b", "--batch", "4", "--seq", "4096", "--zero", "2", "--gpus", "8",
+                 "--framework", "deepspeed", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "total_bytes"):
         assert isinstance(data[key], int) and data[key] > 0
@@ -27,7 +28,8 @@ def test_train_json_keys_are_integers(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_train_params_only(capsys: pytest.CaptureFixture) -> None:
-    assert main(["train", "--params", "7500000000", "--zero", "3", "--gpus", "64", "--json"]) == 0
+    assert main(["train", "--params", "7500000000", "--zero", "3", "--gpus", "64", "--framework", "deepspeed",
+                 "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["activations_bytes"] is None and data["total_bytes"] == 1_875_000_000
 

@@ -45,6 +45,11 @@ SHIPPED_PARAMS = {
 }
 
 
+_LEGACY_TRACE = pytest.mark.xfail(reason="the trace still runs the pre-issue-17 mixed recipe (16-bit model, per-tensor "
+                                   "fp32 master); the estimator follows a framework (PyTorch AMP by default): they "
+                                   "agree again once memlib.measure.trace runs torch.autocast (issue 17, trace side)")
+
+
 @pytest.mark.parametrize("family", sorted(TINY))
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_any_family_traces_on_meta_as_on_cpu(family: str, attention: str) -> None:

@@ -282,7 +282,7 @@ def test_drill_answers_come_from_memlib() -> None:
     d = next(generate("model_states", s) for s in range(200) if generate("model_states", s).settings["zero_stage"] == 3)
     cfg = d.settings
     e = estimate_training(params=cfg["params"], precision=cfg["precision"], optimizer=cfg["optimizer"],
-                          zero_stage=3, num_gpus=cfg["num_gpus"])
+                          zero_stage=3, num_gpus=cfg["num_gpus"], framework="deepspeed")
     assert d.answer == e.total_bytes / GB
     k = generate("kv_cache", 5)
     s = k.settings
@@ -291,7 +291,8 @@ def test_drill_answers_come_from_memlib() -> None:
     z = generate("zero_min_gpus", 3)
     n = int(z.answer)
     per = [estimate_training(params=z.settings["params"], optimizer=z.settings["optimizer"],
-                             zero_stage=z.settings["zero_stage"], num_gpus=g).total_bytes for g in (n // 2, n)]
+                             zero_stage=z.settings["zero_stage"], num_gpus=g, framework="deepspeed").total_bytes
+           for g in (n // 2, n)]
     assert per[1] <= z.settings["gpu_memory_gib"] * GiB and (n == 1 or per[0] > z.settings["gpu_memory_gib"] * GiB)
     m = generate("max_batch", 2)
     ms = m.settings

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlib import GB, MemlibError, load_config
+from memlib.core.choices import FRAMEWORK_SUPPORT, FRAMEWORKS
 from memlib.core.estimate import (
     OPTIMIZERS,
     PRECISIONS,
@@ -32,7 +33,8 @@ CASES = [(psi, dp, stage, printed) for psi, rows in TABLE1.items() for dp, cells
 
 @pytest.mark.parametrize("psi, dp, stage, printed", CASES)
 def test_zero_table1(psi: float, dp: int, stage: int, printed: str) -> None:
-    est = estimate_training(params=int(psi), zero_stage=stage, num_gpus=dp, precision="fp16-mixed")
+    est = estimate_training(params=int(psi), zero_stage=stage, num_gpus=dp, precision="fp16-mixed",
+                            framework="deepspeed")
     value = Decimal(est.total_bytes) / Decimal(GB)
     exponent = Decimal(printed).as_tuple().exponent
     rounding = ROUND_HALF_UP if psi == 7.5e9 else ROUND_DOWN
@@ -42,10 +44,12 @@ def test_zero_table1(psi: float, dp: int, stage: int, printed: str) -> None:
 
 def test_zero_figure1_and_formulas() -> None:
     psi = 7_500_000_000
-    totals = [estimate_training(params=psi, zero_stage=z, num_gpus=64).total_bytes / GB for z in range(4)]
+    totals = [estimate_training(params=psi, zero_stage=z, num_gpus=64, framework="deepspeed").total_bytes / GB
+              for z in range(4)]
     assert [round(t, 1) for t in totals] == [120.0, 31.4, 16.6, 1.9]
     n = 8
-    assert estimate_training(params=psi, zero_stage=2, num_gpus=n).total_bytes == 2 * psi + 14 * psi // n
+    assert estimate_training(params=psi, zero_stage=2, num_gpus=n, framework="deepspeed").total_bytes == (
+        2 * psi + 14 * psi // n)
 
 
 def test_sixteen_bytes_per_param_and_adam_vs_sgd() -> None:
@@ -173,10 +177,13 @@ models = st.sampled_from(["gpt2", "gpt2-medium", "llama-2-7b", "llama-3-8b", "mi
 @settings(max_examples=60, deadline=None)
 @given(model=models, precision=st.sampled_from(PRECISIONS), optimizer=st.sampled_from(OPTIMIZERS),
        stage=st.integers(0, 3), gpus=st.integers(1, 512), batch=st.integers(1, 16), seq=st.integers(1, 8192),
-       attention=st.sampled_from(["eager", "sdpa"]))
-def test_more_gpus_never_raise_memory(model, precision, optimizer, stage, gpus, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
+       attention=st.sampled_from(["eager", "sdpa"]), framework=st.sampled_from(FRAMEWORKS))
+def test_more_gpus_never_raise_memory(model, precision, optimizer, stage, gpus, batch, seq, attention, framework) -> None:  # type: ignore[no-untyped-def]
     seq = min(seq, load_config(model).max_positions)
-    kw = dict(precision=precision, optimizer=optimizer, zero_stage=stage, batch_size=batch, seq_len=seq, attention=attention)
+    stages = FRAMEWORK_SUPPORT[framework][0]
+    stage = stages[stage % len(stages)]  # a stage the framework has
+    kw = dict(precision=precision, optimizer=optimizer, zero_stage=stage, batch_size=batch, seq_len=seq, attention=attention,
+              framework=framework)
     fewer = estimate_training(model, num_gpus=gpus, **kw)
     more = estimate_training(model, num_gpus=gpus + 1, **kw)
     assert more.total_bytes <= fewer.total_bytes

@@ -106,27 +106,27 @@ def test_checkpoint_every_needs_full_recompute() -> None:
 
 def test_optimizer_offload_moves_16_bytes_per_param_to_the_cpu() -> None:
     n = 7_500_000_000
-    est = estimate_training(params=n, offload="optimizer")
+    est = estimate_training(params=n, offload="optimizer", framework="deepspeed")
     assert est.optimizer_bytes == 0
     assert est.params_bytes == est.grads_bytes == 2 * n
     assert est.cpu_bytes == 12 * n + 4 * n  # fp32 master, m, v + the fp32 gradient copy
-    sharded = estimate_training(params=n, zero_stage=2, num_gpus=8, offload="optimizer")
+    sharded = estimate_training(params=n, zero_stage=2, num_gpus=8, offload="optimizer", framework="deepspeed")
     assert sharded.cpu_bytes == -(-16 * n // 8)
     assert sharded.grads_bytes == 2 * 500_000_000  # one reduce bucket: ZeRO-2 offload streams gradients out
-    stage1 = estimate_training(params=n, zero_stage=1, num_gpus=8, offload="optimizer")
+    stage1 = estimate_training(params=n, zero_stage=1, num_gpus=8, offload="optimizer", framework="deepspeed")
     assert stage1.grads_bytes == 2 * n  # stage 1 keeps them until the step
 
 
 def test_param_offload_needs_stage_3_and_keeps_a_working_set() -> None:
     with pytest.raises(MemlibError, match="needs zero_stage 3"):
-        estimate_training("llama-2-7b", offload="params+optimizer", zero_stage=2)
-    est = estimate_training("llama-2-7b", zero_stage=3, num_gpus=1, offload="params+optimizer")
+        estimate_training("llama-2-7b", offload="params+optimizer", zero_stage=2, framework="deepspeed")
+    est = estimate_training("llama-2-7b", zero_stage=3, num_gpus=1, offload="params+optimizer", framework="deepspeed")
     n = count_params("llama-2-7b").params
     assert est.cpu_bytes == 2 * n + 16 * n
     layer = count_params("llama-2-7b").per_layer
     assert est.params_bytes == 2 * 2 * layer  # two gathered layers (computed + prefetched), not the model
     assert est.grads_bytes == 2 * layer
-    plain3 = estimate_training("llama-2-7b", zero_stage=3, num_gpus=1)
+    plain3 = estimate_training("llama-2-7b", zero_stage=3, num_gpus=1, framework="deepspeed")
     assert plain3.params_bytes == 2 * n + 4 * layer
 
 
@@ -137,7 +137,7 @@ def test_param_offload_needs_stage_3_and_keeps_a_working_set() -> None:
 def test_offload_never_raises_gpu_memory_and_qlora_never_exceeds_lora(name: str, b: int, s: int, stage: int,
                                                                       gpus: int, opt: str) -> None:
     kw = dict(batch_size=b, seq_len=min(s, load_config(name).max_positions), zero_stage=stage, num_gpus=gpus,
-              optimizer=opt)
+              optimizer=opt, framework="deepspeed")
     plain = estimate_training(name, **kw)
     off = estimate_training(name, offload="optimizer", **kw)
     assert off.total_bytes <= plain.total_bytes
@@ -159,12 +159,13 @@ def test_cli_train_new_flags(capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["settings"]["trainable_params"] == lora_params("llama-2-7b", 64)
     assert data["settings"]["checkpoint_every"] == 4
-    assert main(["train", "--params", "1000000000", "--offload", "optimizer", "--json"]) == 0
+    assert main(["train", "--params", "1000000000", "--offload", "optimizer", "--framework", "deepspeed",
+                 "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cpu_bytes"] == 16 * 10**9
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["train", "gpt2", "--offload", "params+optimizer"], "needs zero_stage 3"),
+    (["train", "gpt2", "--offload", "params+optimizer", "--framework", "deepspeed"], "needs zero_stage 3"),
     (["train", "gpt2", "--method", "dora"], "invalid choice: 'dora'"),
     (["train", "gpt2", "--lora-rank", "0"], "expected a positive integer"),
     (["train", "gpt2", "--checkpoint-every", "2"], "needs recompute='full'"),

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memlib.core.choices import FRAMEWORKS
 from memlib.core.errors import MemlibError
 from memlib.core.estimate import OPTIMIZERS, PRECISIONS, estimate_training
 from memlib.core import formats as fm
@@ -57,7 +58,7 @@ def test_json_string_and_mapping_give_the_same_page() -> None:
 
 
 def test_training_verdict_is_the_widgets_verdict() -> None:
-    est, fig, verdict = training_view("llama-2-7b", 1, 4096, "bf16-mixed", "adamw", 3, 8, 80.0)
+    est, fig, verdict = training_view("llama-2-7b", 1, 4096, "bf16-mixed", "adamw", 3, 8, 80.0, "deepspeed")
     fig.clf()
     assert verdict == training_verdict(est, 80.0) and "fits in 80 GiB" in verdict
     assert training_verdict(est, 16.0).endswith("does not fit in 16 GiB")
@@ -66,14 +67,21 @@ def test_training_verdict_is_the_widgets_verdict() -> None:
 @settings(max_examples=25, deadline=None)
 @given(batch=st.integers(1, 64), precision=st.sampled_from(PRECISIONS), optimizer=st.sampled_from(OPTIMIZERS),
        stage=st.sampled_from([0, 1, 2, 3]), gpus=st.sampled_from([1, 2, 8, 64]),
-       memory=st.sampled_from([16.0, 80.0, 141.0]))
+       memory=st.sampled_from([16.0, 80.0, 141.0]), framework=st.sampled_from(FRAMEWORKS))
 def test_training_result_is_memlibs_estimate(batch: int, precision: str, optimizer: str, stage: int, gpus: int,
-                                             memory: float) -> None:
+                                             memory: float, framework: str) -> None:
     params = {"model": "llama-2-7b", "batch_size": str(batch), "seq_len": "2048", "precision": precision,
-              "optimizer": optimizer, "zero_stage": str(stage), "num_gpus": str(gpus), "gpu_memory_gib": str(memory)}
+              "optimizer": optimizer, "zero_stage": str(stage), "num_gpus": str(gpus), "gpu_memory_gib": str(memory),
+              "framework": framework}
     html = render("training", params, live=True)
-    est = estimate_training("llama-2-7b", batch_size=batch, seq_len=2048, precision=precision, optimizer=optimizer,
-                            zero_stage=stage, num_gpus=gpus)
+    assert f'<option value="{framework}" selected>' in html
+    try:
+        est = estimate_training("llama-2-7b", batch_size=batch, seq_len=2048, precision=precision, optimizer=optimizer,
+                                zero_stage=stage, num_gpus=gpus, framework=framework)
+    except MemlibError as err:  # a stage the framework lacks: the card says so in one line
+        assert "refused: " in html and "valid combinations" in html and "GiB per GPU" not in html
+        assert str(err).split(";")[0].replace("'", "&#x27;") in html
+        return
     assert training_verdict(est, memory).replace("'", "&#x27;") in html
     assert f'name="batch_size" min="1" max="64" step="1" value="{batch}"' in html  # the control keeps its value
     assert f'<option value="{precision}" selected>' in html and f'<option value="{memory}" selected>' in html

@@ -61,33 +61,36 @@ def test_estimator_cpu_bytes_match_deepspeed() -> None:
         pytest.skip("DeepSpeed not installed")
     zero2, zero3 = deepspeed_offload_estimators()
     cpu2, gpu2 = zero2(PSI, cpu_offload=True, additional_buffer_factor=1.0)
-    est = estimate_training(params=PSI, zero_stage=2, offload="optimizer")
+    est = estimate_training(params=PSI, zero_stage=2, offload="optimizer", framework="deepspeed")
     assert est.cpu_bytes == cpu2 == 16 * PSI
     assert est.params_bytes == gpu2 == 2 * PSI and est.optimizer_bytes == 0
     cpu3, gpu3, _ = zero3(PSI, 10**7, cpu_offload=True, cpu_offload_params=True, additional_buffer_factor=1.0)
-    est3 = estimate_training(params=PSI, zero_stage=3, offload="params+optimizer")
+    est3 = estimate_training(params=PSI, zero_stage=3, offload="params+optimizer", framework="deepspeed")
     assert est3.cpu_bytes == cpu3 == 18 * PSI
     assert est3.params_bytes == 0 and gpu3 == 4 * 10**7  # one layer's 16-bit weights + gradients
 
 
 def test_estimator_matches_placement_where_they_agree() -> None:
     for stage, n in ((0, 1), (1, 4), (2, 8)):
-        est = estimate_training(params=PSI, zero_stage=stage, num_gpus=n, offload="optimizer")
+        est = estimate_training(params=PSI, zero_stage=stage, num_gpus=n, offload="optimizer", framework="deepspeed")
         shard = n if stage >= 1 else 1
         assert est.cpu_bytes == placement("optimizer").bytes_per_param("cpu") * PSI // shard
         assert est.params_bytes == placement("optimizer").bytes_per_param("gpu") * PSI
-    est = estimate_training(params=PSI, zero_stage=3, num_gpus=4, offload="params+optimizer")
+    est = estimate_training(params=PSI, zero_stage=3, num_gpus=4, offload="params+optimizer", framework="deepspeed")
     assert est.cpu_bytes == placement("params+optimizer").bytes_per_param("cpu") * PSI // 4
 
 
 # ---- traffic ----------------------------------------------------------------------------------------------
 
-def test_traffic_zero_offload_is_4psi() -> None:
-    """The paper's minimum: 2Ψ of 16-bit gradients down, 2Ψ of 16-bit weights up per step."""
+def test_traffic_zero_offload_is_4psi_in_the_paper_6psi_in_deepspeed() -> None:
+    """The paper's minimum: 2Ψ of 16-bit gradients down, 2Ψ of 16-bit weights up per step; DeepSpeed casts the
+    gradients to fp32 on the GPU first: 4Ψ down."""
+    p = offload_traffic(PSI, "optimizer", implementation="zero-offload-paper")
+    assert p.d2h_backward_micro == 2 * PSI and p.h2d_step == 2 * PSI and p.link_bytes == 4 * PSI
     t = offload_traffic(PSI, "optimizer")
-    assert t.d2h_backward_micro == 2 * PSI and t.h2d_step == 2 * PSI and t.link_bytes == 4 * PSI
+    assert t.d2h_backward_micro == 4 * PSI and t.h2d_step == 2 * PSI and t.link_bytes == 6 * PSI
     assert offload_traffic(PSI, "none").link_bytes == 0
-    assert offload_traffic(PSI, "params+optimizer").link_bytes == 6 * PSI       # gathers ×2 + grads
+    assert offload_traffic(PSI, "params+optimizer").link_bytes == 8 * PSI       # gathers ×2 + fp32 grads
     assert offload_traffic(PSI, "params+optimizer", implementation="fsdp2").link_bytes == 12 * PSI  # fp32
     assert offload_traffic(PSI, "params+optimizer", implementation="fsdp2",
                            reshard_after_forward=False).link_bytes == 8 * PSI
@@ -97,10 +100,11 @@ def test_traffic_zero_offload_is_4psi() -> None:
 
 def test_traffic_sharding_and_accumulation() -> None:
     t = offload_traffic(PSI, "optimizer", num_gpus=4, grad_accum_steps=4)
-    # per micro-batch 0.5Ψ down; from the 2nd micro-batch on the running sum comes up (DeepSpeed 0.19)
-    assert t.d2h_backward_micro == PSI // 2
+    # per micro-batch Ψ of fp32 gradient shards down; from the 2nd micro-batch on the running sum comes up
+    # (DeepSpeed 0.19)
+    assert t.d2h_backward_micro == 4 * (PSI // 4)
     assert t.h2d_backward_micro == 0 and t.h2d_accumulate_step == 3 * (PSI // 2)
-    assert t.link_bytes == 4 * (PSI // 2) + 3 * (PSI // 2) + PSI // 2
+    assert t.link_bytes == 4 * PSI + 3 * (PSI // 2) + PSI // 2
     nv = offload_traffic(PSI, "optimizer", tier="nvme")
     assert nv.nvme_read_step == nv.nvme_write_step == 12 * PSI
 
@@ -130,9 +134,11 @@ def test_time_model_modern_gpu_is_cpu_bound() -> None:
 
 
 def test_hiding_tokens_closed_form() -> None:
-    """Backward (4ΨT FLOPs) hides 2Ψ bytes when T ≥ MFU·peak / (2·BW)."""
+    """Backward (4ΨT FLOPs) hides b·Ψ bytes when T ≥ b·MFU·peak / (4·BW): DeepSpeed's fp32 gradients (b = 4),
+    the paper's 16-bit ones (b = 2)."""
     expect = 0.4 * 989.5e12 / (2 * 0.8 * LINK_BANDWIDTH["pcie4"])
-    assert hiding_tokens("optimizer") == math.ceil(expect)
+    assert hiding_tokens("optimizer", implementation="zero-offload-paper") == math.ceil(expect)
+    assert hiding_tokens("optimizer") == math.ceil(2 * expect)
     assert hiding_tokens("none") == 0
     tr = hiding_tokens("optimizer")
     assert offload_step_time(PSI, tr, "optimizer").micro_s == pytest.approx(
@@ -191,12 +197,12 @@ def test_more_bandwidth_never_slower(n: int, tokens: int, k: int, mi: tuple[str,
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(10**6, 10**12), gpus=st.sampled_from([1, 2, 4, 8, 64]), stage=st.sampled_from([1, 2]))
 def test_offload_never_adds_gpu_bytes(n: int, gpus: int, stage: int) -> None:
-    base = estimate_training(params=n, zero_stage=stage, num_gpus=gpus)
-    off = estimate_training(params=n, zero_stage=stage, num_gpus=gpus, offload="optimizer")
+    base = estimate_training(params=n, zero_stage=stage, num_gpus=gpus, framework="deepspeed")
+    off = estimate_training(params=n, zero_stage=stage, num_gpus=gpus, offload="optimizer", framework="deepspeed")
     assert off.total_bytes <= base.total_bytes
     assert off.cpu_bytes > 0 and base.cpu_bytes == 0
-    z3 = estimate_training(params=n, zero_stage=3, num_gpus=gpus)
-    z3_off = estimate_training(params=n, zero_stage=3, num_gpus=gpus, offload="params+optimizer")
+    z3 = estimate_training(params=n, zero_stage=3, num_gpus=gpus, framework="deepspeed")
+    z3_off = estimate_training(params=n, zero_stage=3, num_gpus=gpus, offload="params+optimizer", framework="deepspeed")
     assert z3_off.total_bytes <= z3.total_bytes
     # what leaves the GPU arrives on the host: total bytes are conserved or grow (fp32 gradient buffer)
     assert off.total_bytes + off.cpu_bytes >= base.total_bytes
@@ -206,7 +212,7 @@ def test_offload_never_adds_gpu_bytes(n: int, gpus: int, stage: int) -> None:
 @given(model=st.sampled_from(["gpt2", "llama-2-7b", "qwen2-0.5b"]), b=st.integers(1, 8),
        s=st.sampled_from([128, 512, 1024]))   # GPT-2 takes at most 1,024 positions
 def test_offload_never_adds_gpu_bytes_with_activations(model: str, b: int, s: int) -> None:
-    kw = {"batch_size": b, "seq_len": s}
+    kw = {"batch_size": b, "seq_len": s, "framework": "deepspeed"}
     for stage, mode in ((2, "optimizer"), (3, "params+optimizer")):
         base = estimate_training(model, zero_stage=stage, **kw)
         off = estimate_training(model, zero_stage=stage, offload=mode, **kw)

@@ -97,8 +97,9 @@ def test_stage_params_sum_to_model() -> None:
 
 def test_defaults_unchanged() -> None:
     """tp=pp=cp=ep=1 gives today's numbers exactly."""
-    a = estimate_training("llama-2-7b", batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8)
-    b = estimate_training("llama-2-7b", batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, tp=1, pp=1, cp=1, ep=1)
+    a = estimate_training("llama-2-7b", batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, framework="deepspeed")
+    b = estimate_training("llama-2-7b", batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, tp=1, pp=1, cp=1, ep=1,
+                          framework="deepspeed")
     assert a == b
 
 
@@ -108,7 +109,7 @@ def test_defaults_unchanged() -> None:
 def test_more_parallelism_never_more_memory(tp: int, pp: int, cp: int, sp: bool) -> None:
     """Splitting further (same total GPUs, ZeRO-1 over dp) never raises the worst rank's activations per layer,
     and the worst rank's parameters shrink with tp·pp."""
-    kw = dict(batch_size=1, seq_len=4096, zero_stage=0, num_gpus=64, micro_batches=8)
+    kw = dict(batch_size=1, seq_len=4096, zero_stage=0, num_gpus=64, micro_batches=8, framework="megatron")
     e = estimate_training("llama-3-8b", tp=tp, pp=pp, cp=cp, sequence_parallel=sp, **kw)
     e2 = estimate_training("llama-3-8b", tp=2 * tp if tp < 8 else tp, pp=pp, cp=cp, sequence_parallel=sp, **kw)
     assert e2.params_bytes <= e.params_bytes
@@ -117,8 +118,9 @@ def test_more_parallelism_never_more_memory(tp: int, pp: int, cp: int, sp: bool)
 
 
 def test_pipeline_first_stage_is_worst_with_1f1b() -> None:
-    e = estimate_training("llama-3-8b", seq_len=4096, num_gpus=8, pp=8, micro_batches=16)
-    g = estimate_training("llama-3-8b", seq_len=4096, num_gpus=8, pp=8, micro_batches=16, pp_schedule="gpipe")
+    e = estimate_training("llama-3-8b", seq_len=4096, num_gpus=8, pp=8, micro_batches=16, framework="megatron")
+    g = estimate_training("llama-3-8b", seq_len=4096, num_gpus=8, pp=8, micro_batches=16, pp_schedule="gpipe",
+                          framework="megatron")
     assert e.settings["worst_stage"] == 0
     # GPipe holds all 16 micro-batches on every stage: twice 1F1B's first stage at least, and the last stage,
     # with 16 micro-batches of fp32 logits, becomes the worst
@@ -160,7 +162,7 @@ def test_valid_tp() -> None:
 ])
 def test_bad_input_one_line(kw: dict, msg: str) -> None:
     with pytest.raises(MemlibError) as err:
-        estimate_training("llama-3.1-70b", seq_len=1024, **kw)
+        estimate_training("llama-3.1-70b", seq_len=1024, framework="megatron", **kw)
     assert msg in str(err.value) and "\n" not in str(err.value)
 
 
@@ -173,15 +175,16 @@ def test_ep_must_divide_experts() -> None:
 
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "llama-3.1-70b", "--tp", "8", "--sequence-parallel", "--pp", "2", "--micro-batches", "8",
-                 "--gpus", "16", "--seq", "4096", "--json"]) == 0
+                 "--gpus", "16", "--seq", "4096", "--framework", "megatron", "--json"]) == 0
     assert '"worst_stage": 0' in capsys.readouterr().out
-    assert main(["train", "llama-3.1-70b", "--tp", "3", "--gpus", "3"]) == 2
+    assert main(["train", "llama-3.1-70b", "--tp", "3", "--gpus", "3", "--framework", "megatron"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "expected one of: 1, 2, 4, 8" in err
 
 
 def test_cli_exit_2_no_traceback() -> None:
-    r = subprocess.run([sys.executable, "-m", "memlib", "train", "llama-3.1-70b", "--pp", "100", "--gpus", "100"],
+    r = subprocess.run([sys.executable, "-m", "memlib", "train", "llama-3.1-70b", "--pp", "100", "--gpus", "100",
+                        "--framework", "megatron"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "expected 1 to 80" in r.stderr
 
@@ -215,7 +218,9 @@ def test_plan_parallel_llama3_recipes() -> None:
     long = plan_parallel("llama-3.1-405b", num_gpus=128, seq_len=131072)
     assert not long.fits and long.min_gpus is not None and long.min_gpus >= 2048
     small = plan_parallel("llama-3.1-70b", num_gpus=8, seq_len=8192)
-    assert not small.fits and small.min_gpus == 16  # 16 bytes/param of states alone exceed 8 × 80 GiB
+    # Megatron's 18 bytes/param (bf16 params, fp32 main_grad, fp32 main params and Adam): 8 × 80 GiB hold no layout,
+    # and at 16 GPUs tp 8 × pp 2 leaves dp 1 (the distributed optimizer shards nothing): 4.4B × 18 B > 80 GiB
+    assert not small.fits and small.min_gpus == 32
 
 
 def test_plan_parallel_tp_beats_zero3_when_activations_overflow() -> None:
@@ -257,7 +262,8 @@ def test_parallel_drills_graded_by_memlib() -> None:
 
 
 def test_params_only_estimate_echoes_the_layout() -> None:
-    e = estimate_training(params=7_000_000_000, num_gpus=16, tp=2, pp=2, zero_stage=1)
+    e = estimate_training(params=7_000_000_000, num_gpus=16, tp=2, pp=2, zero_stage=1, framework="megatron")
     assert e.settings["num_gpus"] == 16 and e.settings["dp"] == 4 and e.activations_bytes is None
     assert e.params_bytes == 2 * 7_000_000_000 // 4  # 16-bit weights of one tp × pp shard
+    assert e.grads_bytes == 4 * 7_000_000_000 // 4  # Megatron's fp32 main_grad buffer
     assert e.optimizer_bytes == 12 * 7_000_000_000 // 4 // 4  # ZeRO-1 over dp = 4

@@ -19,8 +19,9 @@ from memlib.core.inference import reserve_bytes, serving_fit
 from memlib.core.plan import DEFAULT_RESERVE, PRIORITY, plan
 
 SCENARIOS = [
-    ("gpt2", dict(num_gpus=1, batch_size=8, seq_len=1024)),
-    ("llama-2-7b", dict(num_gpus=8, batch_size=4, seq_len=4096)),
+    ("gpt2", dict(num_gpus=1, batch_size=8, seq_len=1024, framework="deepspeed")),
+    ("llama-2-7b", dict(num_gpus=8, batch_size=4, seq_len=4096, framework="deepspeed")),
+    ("llama-2-7b", dict(num_gpus=8, batch_size=4, seq_len=4096)),  # pytorch: ZeRO-1, then the switch to DeepSpeed
 ]
 
 
@@ -43,7 +44,7 @@ def test_nothing_needed_for_a_small_model() -> None:
     assert p.chosen.settings["precision"] == "fp32" and p.chosen.settings["attention"] == "eager"
 
 
-@pytest.mark.parametrize("name, kw", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+@pytest.mark.parametrize("name, kw", SCENARIOS, ids=[f"{s[0]}-{s[1].get('framework', 'pytorch')}" for s in SCENARIOS])
 def test_each_technique_can_be_the_first_that_fits(name: str, kw: dict) -> None:
     steps = _ladder(name, kw)
     best = steps[0].per_gpu_bytes
@@ -76,7 +77,7 @@ def test_every_priority_technique_is_first_somewhere() -> None:
 
 def test_pruning_drops_rungs_the_fit_does_not_need() -> None:
     # 7B on 8 × 80 GB, batch 4 × 2048: ZeRO-2 makes it fit; checkpointing and accumulation are not needed
-    p = plan("llama-2-7b", num_gpus=8, gpu_memory="80GiB", batch_size=4, seq_len=2048)
+    p = plan("llama-2-7b", num_gpus=8, gpu_memory="80GiB", batch_size=4, seq_len=2048, framework="deepspeed")
     assert p.fits and p.steps[-1].technique == "ZeRO-2"
     needed = {s.technique: s.needed for s in p.steps}
     assert needed["activation checkpointing"] is False and needed["gradient accumulation"] is False
@@ -216,9 +217,10 @@ def test_bad_input() -> None:
 
 def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "llama-2-7b", "--gpus", "8", "--gpu-mem", "80GiB", "--batch", "4", "--seq", "2048",
-                 "--json"]) == 0
+                 "--framework", "deepspeed", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["fits"] and data["chosen"]["settings"]["zero_stage"] == 2
+    assert data["chosen"]["settings"]["framework"] == "deepspeed" and data["inputs"]["framework"] == "deepspeed"
     assert main(["plan", "llama-2-70b", "--gpus", "2", "--gpu-mem", "8GB", "--seq", "4096"]) == 0
     out = capsys.readouterr().out
     assert "does not fit: closest is" in out and "more GPUs would not help" in out
@@ -265,7 +267,7 @@ def test_ladder_figure_and_widget_callback() -> None:
     from memlib.viz.plots_plan import decision_flow_figure, ladder_figure
     from memlib.viz.widgets_plan import plan_view
 
-    result, fig, verdict = plan_view("llama-2-7b", "train", 8, 80.0, 4, 2048)
+    result, fig, verdict = plan_view("llama-2-7b", "train", 8, 80.0, 4, 2048, "deepspeed")
     assert verdict.startswith("fits") and "ZeRO-2" in verdict and result.inputs["gpu_memory"] == 80 * GiB
     assert fig.axes[0].get_ylabel() == "per-GPU memory (GiB)"
     plt.close(fig)
@@ -279,3 +281,33 @@ def test_ladder_figure_and_widget_callback() -> None:
     labels = [t.get_text() for t in decision_flow_figure().axes[0].texts]
     assert labels.index("still too big? → CPU offload") < labels.index("still too big? → LoRA / QLoRA")
     plt.close("all")
+
+
+@pytest.mark.parametrize("framework, rungs, absent", [
+    ("pytorch", {"ZeRO-1", "switch to DeepSpeed"}, {"ZeRO-2", "ZeRO-3"}),
+    ("megatron", {"ZeRO-1", "switch to DeepSpeed"}, {"ZeRO-2", "ZeRO-3"}),
+    ("deepspeed", {"ZeRO-2", "ZeRO-3", "CPU offload"}, {"ZeRO-1", "switch to DeepSpeed"}),
+    ("fsdp2", {"ZeRO-3", "CPU offload"}, {"ZeRO-1", "ZeRO-2", "switch to DeepSpeed"}),
+])
+def test_ladder_follows_the_framework(framework: str, rungs: set, absent: set) -> None:
+    """Only the rungs the framework supports are climbed; pytorch and megatron switch to DeepSpeed for ZeRO-3 and
+    offload; every rung's setting is a combination its framework has."""
+    from memlib.core.choices import FRAMEWORK_SUPPORT
+
+    steps = plan("llama-2-7b", num_gpus=8, gpu_memory=10**6, reserve=0, fragmentation=0, batch_size=4,
+                 seq_len=2048, framework=framework).steps
+    applied = {s.technique for s in steps if s.applicable}
+    assert rungs <= applied and not absent & applied
+    for s in steps:
+        stages, offloads, _ = FRAMEWORK_SUPPORT[s.settings["framework"]]
+        assert s.settings["zero_stage"] in stages and s.settings["offload"] in offloads
+    assert steps[0].settings["framework"] == framework
+
+
+def test_cli_plan_framework(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "llama-2-7b", "--gpus", "8", "--gpu-mem", "80GiB", "--batch", "4", "--seq", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "fits: framework=pytorch" in out and "ZeRO-1" in out and "ZeRO-2" not in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "gpt2", "--framework", "jax"])
+    assert exit_.value.code == 2 and "invalid choice: 'jax'" in capsys.readouterr().err

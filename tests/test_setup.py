@@ -45,24 +45,28 @@ def test_combinations_checked_once() -> None:
     with pytest.raises(MemlibError, match="checkpoint_every=2 needs recompute='full'"):
         TrainingSetup(checkpoint_every=2)
     with pytest.raises(MemlibError, match="offload 'params\\+optimizer' needs zero_stage 3"):
-        TrainingSetup(offload="params+optimizer", zero_stage=2)
-    assert TrainingSetup(offload="params+optimizer", zero_stage=3).offload == "params+optimizer"
+        TrainingSetup(offload="params+optimizer", zero_stage=2, framework="deepspeed")
+    assert TrainingSetup(offload="params+optimizer", zero_stage=3, framework="deepspeed").offload == "params+optimizer"
+    with pytest.raises(MemlibError, match="framework 'pytorch' does not support zero 2; valid combinations: "):
+        TrainingSetup(zero_stage=2)
 
 
 def test_frozen_and_replace_validates() -> None:
-    s = TrainingSetup(batch_size=4)
+    s = TrainingSetup(batch_size=4, framework="deepspeed")
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.batch_size = 8  # type: ignore[misc]
     assert dataclasses.replace(s, zero_stage=3).zero_stage == 3 and s.zero_stage == 0
+    with pytest.raises(MemlibError, match="does not support zero 3"):
+        dataclasses.replace(s, framework="pytorch", zero_stage=3)
     with pytest.raises(MemlibError, match="unknown precision 'fp8'"):
         dataclasses.replace(s, precision="fp8")
     assert TrainingSetup(batch_size=2.0).batch_size == 2 and type(TrainingSetup(batch_size=2.0).batch_size) is int  # type: ignore[arg-type]
 
 
 def test_setup_and_keywords_agree() -> None:
-    s = TrainingSetup(batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, recompute="full")
+    s = TrainingSetup(batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, recompute="full", framework="deepspeed")
     assert estimate_training("llama-2-7b", s) == estimate_training(
-        "llama-2-7b", batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, recompute="full")
+        "llama-2-7b", batch_size=2, seq_len=1024, zero_stage=3, num_gpus=8, recompute="full", framework="deepspeed")
     with pytest.raises(MemlibError, match="not both"):
         estimate_training("llama-2-7b", s, batch_size=2)
     i = InferenceSetup(batch_size=4, seq_len=4096, weights="nf4", kv_dtype="fp8")
@@ -78,13 +82,13 @@ def test_setup_and_keywords_agree() -> None:
 @given(p=st.integers(1, 10**12), g=st.integers(1, 10**12), o=st.integers(1, 10**12),
        zero=st.sampled_from(choices.ZERO_STAGES), n=st.integers(1, 4096))
 def test_sharding_never_loses_a_byte(p: int, g: int, o: int, zero: int, n: int) -> None:
-    ps, gs, os_ = shard_states(p, g, o, TrainingSetup(zero_stage=zero, num_gpus=n))
+    ps, gs, os_ = shard_states(p, g, o, TrainingSetup(zero_stage=zero, num_gpus=n, framework="deepspeed"))
     for full, shard, stage in ((p, ps, 3), (g, gs, 2), (o, os_, 1)):
         assert shard == (full if zero < stage else -(-full // n)) and shard * n >= full
 
 
 def test_offload_moves_the_optimizer_to_the_host() -> None:
-    s = TrainingSetup(offload="optimizer", zero_stage=1, num_gpus=4)
+    s = TrainingSetup(offload="optimizer", zero_stage=1, num_gpus=4, framework="deepspeed")
     p, g, o, n = model_state_bytes(None, 10**9, 0, s)
     p, g, o = shard_states(p, g, o, s)
     gp, gg, go, cpu = offload_split(p, g, o, n, s)
@@ -146,7 +150,8 @@ def _counting() -> Iterator[Counter[str]]:
             setattr(mod, name, orig)
 
 
-@pytest.mark.parametrize("argv", [["train", "llama-2-7b"], ["train", "llama-2-7b", "--method", "qlora", "--zero", "3"],
+@pytest.mark.parametrize("argv", [["train", "llama-2-7b"], ["train", "llama-2-7b", "--method", "qlora", "--zero", "3",
+                                                                  "--framework", "deepspeed"],
                                   ["train", "gemma-2-9b", "--recompute", "full", "--checkpoint-every", "2"]])
 def test_cli_loads_the_config_once_and_validates_once(argv: list[str]) -> None:
     from memlib.cli import main

@@ -12,6 +12,11 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160
 TINY_GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 256}
 
 
+_LEGACY_TRACE = pytest.mark.xfail(reason="the trace still runs the pre-issue-17 mixed recipe (16-bit model, per-tensor "
+                                   "fp32 master); the estimator follows a framework (PyTorch AMP by default): they "
+                                   "agree again once memlib.measure.trace runs torch.autocast (issue 17, trace side)")
+
+
 @pytest.mark.parametrize("cfg", [TINY_LLAMA, TINY_GPT2], ids=["llama", "gpt2"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

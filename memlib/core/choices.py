@@ -14,7 +14,7 @@ from .dtypes import WEIGHT_FORMATS
 from .lora import LORA_TARGETS, METHODS
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "framework_combinations",
-           "check_framework", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
+           "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
            "LORA_TARGETS", "SCHEDULES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
@@ -32,13 +32,17 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with
 #: ``MixedPrecisionPolicy``), ``megatron`` (Megatron-LM: fp32 ``main_grad``, the distributed optimizer as ZeRO-1).
 FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
-#: What each framework supports: (ZeRO stages, offload choices, model parallelism allowed).
-FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], bool]] = {
-    "pytorch": ((0, 1), ("none",), False),
-    "deepspeed": ((0, 1, 2, 3), ("none", "optimizer", "params+optimizer"), False),
-    "fsdp2": ((2, 3), ("none", "params+optimizer"), False),
-    "megatron": ((0, 1), ("none",), True),
+#: What each framework supports: (ZeRO stages, offload choices, model-parallel degrees allowed). DeepSpeed's
+#: only model parallelism here is DeepSpeed-MoE's expert parallelism (``deepspeed/moe/layer.py``, ``ep_size``),
+#: which runs with ZeRO 0-2 and no offload in memlib's model.
+FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "pytorch": ((0, 1), ("none",), ()),
+    "deepspeed": ((0, 1, 2, 3), ("none", "optimizer", "params+optimizer"), ("ep",)),
+    "fsdp2": ((2, 3), ("none", "params+optimizer"), ()),
+    "megatron": ((0, 1), ("none",), ("tp", "pp", "cp", "ep")),
 }
+#: The model-parallel degrees (``TrainingSetup.parallel_degrees`` names those set).
+PARALLEL_DEGREES = ("tp", "pp", "cp", "ep")
 #: ZeRO stages (Rajbhandari et al. 2020, §5): 0 plain data parallel; 1 optimizer states; 2 + gradients; 3 + weights.
 ZERO_STAGES = (0, 1, 2, 3)
 #: Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); full (every layer).
@@ -59,13 +63,16 @@ def framework_combinations() -> str:
     parts = []
     for name, (stages, offloads, mp) in FRAMEWORK_SUPPORT.items():
         zero = "-".join(str(z) for z in (stages[0], stages[-1])) if len(stages) > 1 else str(stages[0])
-        parts.append(f"{name}: zero {zero}, offload {'/'.join(offloads)}" + (", tp/pp/cp/ep" if mp else ""))
+        parts.append(f"{name}: zero {zero}, offload {'/'.join(offloads)}" + (f", {'/'.join(mp)}" if mp else ""))
     return "; ".join(parts)
 
 
-def check_framework(framework: str, zero_stage: int, offload: str, model_parallel: bool) -> None:
+def check_framework(framework: str, zero_stage: int, offload: str, parallel: bool | tuple[str, ...]) -> None:
     """Raise :class:`~memlib.core.errors.MemlibError` (one line naming the valid combinations) for a combination
-    the framework does not support, e.g. ``pytorch`` with ZeRO-2 (torch has no ZeRO-2; use deepspeed or fsdp2)."""
+    the framework does not support, e.g. ``pytorch`` with ZeRO-2 (torch has no ZeRO-2; use deepspeed or fsdp2).
+
+    ``parallel`` names the model-parallel degrees set (:data:`PARALLEL_DEGREES`); True means all of them.
+    DeepSpeed with expert parallelism supports ZeRO 0-2 without offload."""
     from .errors import MemlibError, check_choice
 
     check_choice("framework", framework, FRAMEWORKS)
@@ -75,8 +82,11 @@ def check_framework(framework: str, zero_stage: int, offload: str, model_paralle
         bad.append(f"zero {zero_stage}")
     if offload not in offloads:
         bad.append(f"offload {offload!r}")
-    if model_parallel and not mp:
-        bad.append("tensor/pipeline/context/expert parallelism")
+    degrees = PARALLEL_DEGREES if parallel is True else tuple(parallel or ())
+    if any(d not in mp for d in degrees):
+        bad.append(f"{'/'.join(d for d in degrees if d not in mp)} parallelism")
+    elif degrees and framework == "deepspeed" and (zero_stage == 3 or offload != "none"):
+        bad.append("ep parallelism" + (f" with zero {zero_stage}" if zero_stage == 3 else f" with offload {offload!r}"))
     if bad:
         raise MemlibError(f"framework {framework!r} does not support {' with '.join(bad)}; valid combinations: "
                           f"{framework_combinations()}")

@@ -1,11 +1,13 @@
 """Training and inference memory estimates from a config: pure Python, no torch (Chapter 1).
 
-Model states follow the ZeRO paper's accounting (Rajbhandari et al. 2020, §3 and §5). Activations are
+Model states follow the layout of the framework chosen (:mod:`memlib.core.frameworks`: PyTorch AMP,
+DeepSpeed, whose is the ZeRO paper's accounting, Rajbhandari et al. 2020, §3 and §5, FSDP2, Megatron). Activations are
 derived for the architecture configured (:mod:`memlib.core.activations`, re-exported here) and checked
 against :mod:`memlib.measure.trace`.
 
 :func:`estimate_training` composes one short function per term, each with its formula and source:
-:func:`model_state_bytes`, :func:`shard_states`, :func:`zero3_gathered_bytes`, :func:`offload_split`,
+:func:`model_state_bytes`, :func:`shard_states`, :func:`gathered_bytes`, :func:`offload_split` (these four and
+:func:`optimizer_step_bytes` live in :mod:`memlib.core.frameworks` and are re-exported here),
 :func:`saved_activations`, :func:`backward_peak_bytes` and :func:`optimizer_step_bytes`. They trust their
 :class:`memlib.core.setup.TrainingSetup`, which validated the settings once.
 """
@@ -18,14 +20,18 @@ from typing import Any
 from . import families_moe
 from .activations import ActivationTerm, _sum_terms, activation_terms, korthikanti_activation_bytes
 from .autocast import autocast_backward_peak, segment_input_bytes, setup_activation_terms
-from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
+from .choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS,
+                      PRECISIONS,
                       RECOMPUTE)
 from .categories import estimate_by_category
 from .checkpointing import segment_layers
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .lora import lora_params, lora_small_tensor_params, qlora_base_bytes, quantized_weight_bytes, targeted_linears
+from .frameworks import (_ADAMW_TEMP_BYTES, _for_loop_elements, _lora_for_loop_elements, _parameter_order,
+                         bucket_bytes, gathered_bytes, model_state_bytes, offload_split, optimizer_state_bytes,
+                         optimizer_step_bytes, shard_states, state_bytes, zero3_gathered_bytes)
+from .lora import quantized_weight_bytes, targeted_linears
 from .params import count_params
 from .setup import InferenceSetup, TrainingSetup
 
@@ -49,6 +55,7 @@ __all__ = [
     "model_state_bytes",
     "shard_states",
     "zero3_gathered_bytes",
+    "gathered_bytes",
     "offload_split",
     "SavedActivations",
     "saved_activations",
@@ -59,19 +66,19 @@ __all__ = [
     "korthikanti_activation_bytes",
 ]
 
-# bitsandbytes 8-bit optimizers: tensors with fewer elements than this keep 32-bit states;
-# quantized states carry one fp32 absmax per block of 256 elements.
-_BNB_MIN_8BIT_SIZE = 4096
-_BNB_BLOCK = 256
+#: Kept for callers of the old private name (``tests/test_quant.py``): DeepSpeed's (the ZeRO paper's) accounting.
+_optimizer_state_bytes = optimizer_state_bytes
 
 @dataclass(frozen=True)
 class TrainingEstimate:
     """Estimated training memory per GPU, in bytes. Introduced in Chapter 1.
 
     Attributes:
-        params_bytes: working weights (16-bit in mixed precision).
+        params_bytes: working weights (fp32 under PyTorch AMP and FSDP2's sharded params, 16-bit under
+            DeepSpeed/Megatron mixed precision; :mod:`memlib.core.frameworks`).
         grads_bytes: gradients.
-        optimizer_bytes: optimizer states, fp32 master weights included (the ZeRO paper's KΨ).
+        optimizer_bytes: optimizer states, fp32 master weights included (the ZeRO paper's KΨ; no master under
+            PyTorch AMP and FSDP2, whose fp32 params are stepped directly).
         activations_bytes: bytes saved for backward at the end of the forward pass (None with ``params=``).
         temp_bytes: the transient buffers on top of the states at the peak moment (loss and backward
             temporaries, or the optimizer step's temporaries), 0 with ``params=``.
@@ -132,148 +139,24 @@ class InferenceEstimate:
         """JSON-ready dict (all byte values are ints)."""
         return asdict(self)
 
-def state_bytes_per_param(precision: str, optimizer: str) -> tuple[float, float, float]:
+def state_bytes_per_param(precision: str, optimizer: str, framework: str = "deepspeed") -> tuple[float, float, float]:
     """Bytes per parameter of (weights, gradients, optimizer states) before sharding.
 
-    Introduced in Chapter 1. ``fp16-mixed``/``bf16-mixed`` follow the ZeRO paper: 2 + 2 + K with K = 12
-    for Adam (fp32 master weights, m, v); the master copy counts as optimizer state. ``bf16`` keeps
-    everything in 16 bits (``model.to(torch.bfloat16)`` with ``torch.optim.AdamW``). ``adamw-8bit`` keeps
-    m and v in 8 bits (small-tensor and block-absmax details are added by :func:`estimate_training`).
+    Introduced in Chapter 1. The default, ``framework="deepspeed"``, is the ZeRO paper's accounting:
+    ``fp16-mixed``/``bf16-mixed`` are 2 + 2 + K with K = 12 for Adam (fp32 master weights, m, v); the master
+    copy counts as optimizer state. ``framework="pytorch"`` is torch.autocast AMP: 4 + 4 + 8 (fp32 params are
+    the master), ``"megatron"`` 2 + 4 + 12 (fp32 ``main_grad``) (:func:`memlib.core.frameworks.state_bytes`).
+    ``bf16`` keeps everything in 16 bits (``model.to(torch.bfloat16)`` with ``torch.optim.AdamW``).
+    ``adamw-8bit`` keeps m and v in 8 bits (small-tensor and block-absmax details are added by
+    :func:`estimate_training`).
 
     Returns:
         (weight bytes, gradient bytes, optimizer-state bytes) per parameter.
     """
     check_choice("precision", precision, PRECISIONS)
     check_choice("optimizer", optimizer, OPTIMIZERS)
-    return _state_bytes(precision, optimizer)
-
-
-def _state_bytes(precision: str, optimizer: str) -> tuple[float, float, float]:
-    """:func:`state_bytes_per_param` for values a :class:`TrainingSetup` has validated."""
-    if precision == "fp32":
-        w = g = 4.0
-        state = 4.0
-        master = 0.0
-    elif precision == "bf16":
-        w = g = 2.0
-        state = 2.0
-        master = 0.0
-    else:
-        w = g = 2.0
-        state = 4.0
-        master = 4.0
-    moments = {"sgd": 0, "sgd-momentum": 1, "adamw": 2, "adamw-8bit": 2}[optimizer]
-    if optimizer == "adamw-8bit":
-        return w, g, master + 2.0
-    return w, g, master + moments * state
-
-def _optimizer_state_bytes(n_params: int, small_params: int, precision: str, optimizer: str) -> int:
-    """Optimizer-state bytes for ``n_params`` parameters (``small_params`` of them in small tensors)."""
-    _, _, per_param = _state_bytes(precision, optimizer)
-    if optimizer != "adamw-8bit":
-        return int(per_param * n_params)
-    master = 0.0 if precision in ("fp32", "bf16") else 4.0
-    big = n_params - small_params
-    small_state = 4.0  # bitsandbytes keeps fp32 states for tensors < 4096 elements, whatever the param dtype
-    return int(master * n_params + 2 * big * (1 + 4 / _BNB_BLOCK) + 2 * small_params * small_state)
-
-def model_state_bytes(cfg: ModelConfig | None, n: int, small: int, setup: TrainingSetup) -> tuple[int, int, int, int]:
-    """Weights, gradients and optimizer states of the whole model on one GPU, before any sharding.
-
-    Full fine-tuning, the ZeRO paper's accounting (Rajbhandari et al. 2020, §3, ``rajbhandari2020zero``):
-    Ψ parameters take w·Ψ + g·Ψ + K·Ψ bytes with (w, g, K) from :func:`state_bytes_per_param`, 2 + 2 + 12 for
-    mixed-precision Adam (fp32 master weights, m and v in K). 8-bit AdamW (Dettmers et al. 2022,
-    ``dettmers2022optimizers``; bitsandbytes ``Optimizer8bit``): m and v in 1 byte each plus one fp32 absmax per
-    block of 256 elements, 32-bit states for tensors under 4096 elements (:func:`_optimizer_state_bytes`).
-    LoRA / QLoRA (Hu et al. 2021, ``hu2021lora``; Dettmers et al. 2023, ``dettmers2023qlora``): the frozen base
-    in 16 bits (NF4 with double quantization for QLoRA, :func:`memlib.core.lora.qlora_base_bytes`) + r·(d_in +
-    d_out) fp32 adapter weights per targeted Linear with fp32 gradients and states (peft's default upcast).
-
-    Args:
-        cfg: the model (None for ``params=N``, full fine-tuning only).
-        n: all parameters; small: those in tensors under 4096 elements.
-        setup: the validated settings.
-
-    Returns:
-        (weight bytes, gradient bytes, optimizer-state bytes, trainable parameters).
-    """
-    w, g, _ = _state_bytes(setup.precision, setup.optimizer)
-    if setup.method == "full":
-        return int(w * n), int(g * n), _optimizer_state_bytes(n, small, setup.precision, setup.optimizer), n
-    assert cfg is not None
-    n_train = lora_params(cfg, setup.lora_rank, setup.lora_targets)
-    base = qlora_base_bytes(cfg) if setup.method == "qlora" else int(w * n)
-    small_train = lora_small_tensor_params(cfg, setup.lora_rank, setup.lora_targets)
-    return (base + 4 * n_train, 4 * n_train, _optimizer_state_bytes(n_train, small_train, "fp32", setup.optimizer),
-            n_train)
-
-
-def shard_states(p_bytes: int, g_bytes: int, o_bytes: int, setup: TrainingSetup) -> tuple[int, int, int]:
-    """ZeRO's partitioning over N_d data-parallel GPUs (Rajbhandari et al. 2020, §5, ``rajbhandari2020zero``).
-
-    Stage 1 (P_os) keeps ⌈O / N_d⌉ bytes of optimizer states per GPU, stage 2 (P_os+g) also ⌈G / N_d⌉ of the
-    gradients, stage 3 (P_os+g+p) also ⌈P / N_d⌉ of the weights; stage 0 replicates everything.
-
-    Returns:
-        (weight bytes, gradient bytes, optimizer-state bytes) per GPU.
-    """
-    n, z = setup.num_gpus, setup.zero_stage
-    return (-(-p_bytes // n) if z >= 3 else p_bytes, -(-g_bytes // n) if z >= 2 else g_bytes,
-            -(-o_bytes // n) if z >= 1 else o_bytes)
-
-
-def zero3_gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n: int, n_train: int,
-                         setup: TrainingSetup) -> tuple[int, int]:
-    """The full-size weights and gradients ZeRO-3 materializes on every GPU while computing a layer.
-
-    ZeRO-3 all-gathers each module's weights before computing it and prefetches the next (DeepSpeed's
-    ``deepspeed/runtime/zero/partitioned_param_coordinator.py``); a module's gradients are whole until
-    reduce-scattered. With U the largest unit (a decoder layer or the V·h embedding; DeepSpeed's
-    ``estimate_zero3_model_states_mem_needs`` uses the largest layer too) and w the base weight bytes per
-    parameter: gathered weights = 2·w·U, gathered gradients = g·U (full fine-tuning only: LoRA's frozen base
-    has none).
-
-    Args:
-        cfg: the model (None for ``params=N``); layer_params: the parameters of one decoder layer.
-        p_sharded: the weight bytes per GPU after sharding; n, n_train: all and trainable parameters.
-        setup: the validated settings.
-
-    Returns:
-        (gathered weight bytes, gathered gradient bytes); (0, 0) below stage 3 or without a model.
-    """
-    if setup.zero_stage != 3 or cfg is None:
-        return 0, 0
-    full = setup.method == "full"
-    biggest = max(layer_params, cfg.vocab_size * cfg.hidden_size)
-    base_per_param = (p_sharded * setup.num_gpus - 4 * (0 if full else n_train)) / n
-    g = _state_bytes(setup.precision, setup.optimizer)[1]
-    return int(2 * base_per_param * biggest), int(g * biggest) if full else 0
-
-
-def offload_split(p_bytes: int, g_bytes: int, o_bytes: int, n_train: int,
-                  setup: TrainingSetup) -> tuple[int, int, int, int]:
-    """What moves to host memory with CPU offload, and what the GPU keeps (Chapter 7).
-
-    ZeRO-Offload (Ren et al. 2021, §4, ``ren2021zerooffload``): the optimizer states (fp32 master weights
-    included) and fp32 gradients, 4·Ψ_train / N_d bytes, live in CPU memory and the step runs there; the GPU
-    keeps the 16-bit weights and gradients. With ZeRO-2 DeepSpeed streams each gradient to the host through
-    one reduce bucket (``reduce_bucket_size`` = 5·10⁸ elements): the GPU holds at most g·5·10⁸ bytes of them.
-    Parameter offload (ZeRO-Infinity, Rajbhandari et al. 2021, ``rajbhandari2021zeroinfinity``; FSDP2
-    ``CPUOffloadPolicy``): the weight shards move to the host too and the GPU holds only gathered layers.
-
-    Returns:
-        (weight bytes, gradient bytes, optimizer-state bytes) on the GPU and the CPU bytes.
-    """
-    if setup.offload == "none":
-        return p_bytes, g_bytes, o_bytes, 0
-    cpu_bytes = o_bytes + -(-4 * n_train // setup.shards)
-    if setup.offload == "optimizer" and setup.zero_stage == 2 and setup.method == "full":
-        g_bytes = min(g_bytes, int(_state_bytes(setup.precision, setup.optimizer)[1] * 500_000_000))
-    if setup.offload == "params+optimizer":
-        cpu_bytes += p_bytes
-        p_bytes = 0
-        g_bytes = 0 if setup.method == "full" else g_bytes
-    return p_bytes, g_bytes, 0, cpu_bytes
+    check_choice("framework", framework, FRAMEWORKS)
+    return state_bytes(framework, precision, optimizer)
 
 
 @dataclass(frozen=True)
@@ -376,114 +259,6 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
     return max(candidates)
 
 
-def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n: int, n_train: int) -> int:
-    """Temporaries of the optimizer step, on top of the states and all gradients.
-
-    ``torch.optim.AdamW`` has three implementations (``torch/optim/adam.py``), chosen by
-    ``setup.optimizer_impl``:
-
-    * ``foreach`` (``_multi_tensor_adam``): ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``
-      allocates one buffer the size of all of v, updated in place (``_foreach_div_``, ``_foreach_add_``) until
-      ``_foreach_addcdiv_``; nothing else of full size coexists with it (the gradients are not copied without
-      ``maximize`` or L2 weight decay). 2·Ψ in pure bf16, 4·Ψ in fp32 (÷ N_d with ZeRO), 4·Ψ_train for LoRA's
-      fp32 adapters.
-    * ``for-loop`` (``_single_tensor_adam``): per tensor, ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)
-      .add_(eps)`` holds the sqrt and the quotient at once, and the previous tensor's ``denom`` lives until the
-      name is rebound: max over tensors i of (numel(i−1) + 2·numel(i)) elements of v's dtype
-      (:func:`_for_loop_elements`, in ``model.parameters()`` order). ZeRO does not shrink it (torch's
-      ``ZeroRedundancyOptimizer`` gives each rank whole tensors).
-    * ``fused`` (``_fused_adam``: ``torch._fused_adamw_``): one kernel updates params, m and v in place: 0.
-
-    The mixed-precision step goes one tensor at a time: a tensor's 16-bit gradient becomes an fp32 gradient
-    (4 bytes per element) plus AdamW's temporaries of that one tensor (foreach 4, for-loop 8, fused 0 bytes per
-    element) and is then freed; the embedding comes first, so the peak is at it or at the largest tensor after
-    it. For fused AdamW the larger moment is the cast itself (``m.grad = p.grad.float()``: the fp32 gradient
-    beside the 16-bit one, 4 bytes per element on top of all gradients). SGD (``_multi_tensor_sgd`` and
-    ``_single_tensor_sgd`` without Nesterov or weight decay work in place) and bitsandbytes' adamw-8bit (its own
-    kernels) ignore ``optimizer_impl``. With offload the step runs on the CPU: 0.
-    """
-    full, optimizer, n_gpus, impl = setup.method == "full", setup.optimizer, setup.num_gpus, setup.optimizer_impl
-    if setup.offload != "none":
-        return 0
-    adamw = optimizer == "adamw"
-    if not full:
-        if adamw and impl == "for-loop":
-            return 4 * _lora_for_loop_elements(cfg, setup)
-        step_temp = 4 * n_train if adamw and impl == "foreach" else 0
-        return -(-step_temp // n_gpus) if setup.zero_stage >= 1 else step_temp
-    if setup.precision.endswith("-mixed"):
-        h, f, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-        per_elem = 4 + (_ADAMW_TEMP_BYTES[impl] if adamw else 0)
-        n_embed = V * h
-        n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
-                 else max(h * f, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
-        g_elem = g_bytes / n
-        extra = per_elem - g_elem
-        if adamw:  # the cast: the fp32 gradient made while the 16-bit one still lives (fused: the larger moment)
-            extra = max(extra, 4)
-        return int(max(extra * n_embed, extra * n_max - g_elem * n_embed))
-    if adamw:
-        v_bytes = 4 if setup.precision == "fp32" else 2
-        if impl == "fused":
-            return 0
-        if impl == "for-loop":
-            return v_bytes * _for_loop_elements(cfg)
-        step_temp = int(v_bytes * n)
-        return -(-step_temp // n_gpus) if setup.zero_stage >= 1 else step_temp
-    return 0
-
-
-#: Bytes per element of one fp32 tensor's AdamW temporaries, per implementation (the mixed-precision step).
-_ADAMW_TEMP_BYTES = {"foreach": 4, "fused": 0, "for-loop": 8}
-
-
-def _for_loop_elements(cfg: ModelConfig) -> int:
-    """Elements of ``_single_tensor_adam``'s temporaries at their peak: max_i numel(i−1) + 2·numel(i).
-
-    Exact for the llama-like families (llama, mistral, qwen2, gemma, qwen3, olmo2), whose parameters are listed in
-    ``model.parameters()`` order; for the others an upper bound, max(2·embedding, 3·largest other tensor).
-    """
-    order = _parameter_order(cfg)
-    if order is not None:
-        return max(prev + 2 * cur for prev, cur in zip([0] + order, order))
-    h, f, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    n_max = (families_moe.largest_tensor(cfg) if cfg.moe is not None or cfg.mla is not None
-             else max(h * f, 3 * h * h, h * cfg.q_dim, V * h if not cfg.tie_word_embeddings else 0))
-    return max(2 * V * h, 3 * n_max)
-
-
-def _parameter_order(cfg: ModelConfig) -> list[int] | None:
-    """Element counts of the parameter tensors in ``model.parameters()`` order, for the llama-like families.
-
-    The order is the modules' ``__init__`` order in transformers (``LlamaDecoderLayer``: self_attn (q, k, v, o
-    with their biases, then Qwen3's/OLMo2's q_norm, k_norm), mlp (gate, up, down), then the two norms). None
-    for the other families.
-    """
-    if (cfg.model_type not in ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2") or cfg.moe is not None
-            or cfg.mla is not None or cfg.learned_positions):
-        return None
-    h, q, kv, f, V = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size, cfg.vocab_size
-    qkv_b = cfg.qkv_bias
-    layer = [h * q] + ([q] if qkv_b else []) + [h * kv] + ([kv] if qkv_b else []) + [h * kv]
-    layer += ([kv] if qkv_b else []) + [q * h] + ([h] if cfg.out_bias else [])
-    if cfg.model_type == "qwen3":
-        layer += [cfg.head_dim, cfg.head_dim]
-    if cfg.model_type == "olmo2":
-        layer += [q, kv]
-    for rows in (f, f):
-        layer += [h * rows] + ([rows] if cfg.mlp_bias else [])
-    layer += [f * h] + ([h] if cfg.mlp_bias else []) + [h, h]
-    return [V * h] + layer * cfg.num_layers + [h] + ([] if cfg.tie_word_embeddings else [V * h])
-
-
-def _lora_for_loop_elements(cfg: ModelConfig, setup: TrainingSetup) -> int:
-    """``_single_tensor_adam``'s peak temporaries over the LoRA adapters (A = r × in, then B = out × r)."""
-    r = setup.lora_rank
-    order = [x for _, d_in, d_out in targeted_linears(cfg, setup.lora_targets) for x in (r * d_in, d_out * r)]
-    order = order * cfg.num_layers
-    return max(prev + 2 * cur for prev, cur in zip([0] + order, order))
-
-
 def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = None,
                       setup: TrainingSetup | None = None, *, params: int | None = None,
                       batch_size: int | None = None, seq_len: int | None = None, precision: str | None = None,
@@ -493,16 +268,20 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       lora_rank: int | None = None, lora_targets: str | None = None, tp: int | None = None,
                       pp: int | None = None, cp: int | None = None, ep: int | None = None,
                       sequence_parallel: bool | None = None, micro_batches: int | None = None,
-                      pp_schedule: str | None = None, optimizer_impl: str | None = None) -> TrainingEstimate:
+                      pp_schedule: str | None = None, optimizer_impl: str | None = None,
+                      framework: str | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
-    Introduced in Chapter 1. Model states follow the ZeRO paper (§5): stage 1 shards optimizer states,
-    stage 2 also gradients, stage 3 also parameters, each over ``num_gpus`` data-parallel ranks.
+    Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
+    PyTorch AMP 4 + 4 + 8 bytes/param, DeepSpeed the ZeRO paper's 2 + 2 + 12 partitioned by stage, FSDP2
+    sharded fp32 states plus its working set, Megatron 2 + 4 + 12 with the distributed optimizer as ZeRO-1),
+    sharded over ``num_gpus`` data-parallel ranks.
     The peak is the larger of (a) the backward pass — states + saved activations + the loss and backward
     temporaries, with gradients accumulating while activations are freed — and (b) the optimizer step —
     states + all gradients + the step's temporaries (``torch.optim.AdamW``'s foreach path allocates one
-    full-size buffer for sqrt(v), the for-loop path two of the largest tensor, the fused path none:
-    :func:`optimizer_step_bytes`).
+    full-size buffer for sqrt(v), the for-loop path two of the largest tensor, the fused path none;
+    DeepSpeed's fp32 gradient partition: :func:`optimizer_step_bytes`), DeepSpeed's reduce bucket on top
+    (:func:`memlib.core.frameworks.bucket_bytes`).
 
     Call it with a setup, ``estimate_training("llama-2-7b", TrainingSetup(batch_size=4, zero_stage=3,
     num_gpus=8))``, or with the setup's fields as keywords (``estimate_training("llama-2-7b", batch_size=4)``),
@@ -521,7 +300,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         optimizer: ``sgd``, ``sgd-momentum``, ``adamw`` or ``adamw-8bit``.
         optimizer_impl: ``foreach`` (default), ``fused`` or ``for-loop``: the torch.optim.AdamW implementation
             (``adamw`` only; :data:`memlib.core.choices.OPTIMIZER_IMPLS`).
-        zero_stage: 0 (plain data parallel), 1, 2 or 3.
+        zero_stage: 0 (plain data parallel), 1, 2 or 3 (the stages ``framework`` supports).
+        framework: ``pytorch`` (default), ``deepspeed``, ``fsdp2`` or ``megatron``
+            (:data:`memlib.core.choices.FRAMEWORK_SUPPORT` lists the ZeRO stages, offload and parallelism each
+            supports; fsdp2's zero 2/3 are ``reshard_after_forward`` False/True).
         num_gpus: data-parallel GPUs sharing the states.
         recompute: ``none``, ``selective`` (attention core recomputed, Megatron-style) or ``full``
             (every layer's input kept; one layer's activations re-materialized at a time).
@@ -555,7 +337,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     Limitations:
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
         ZeRO-3 adds two gathered layers of weights and one of gradients (the largest of a decoder layer and
-        the embedding); DeepSpeed's communication buckets are not counted. LoRA activations are taken
+        the embedding); DeepSpeed's reduce bucket is counted at its default size, other buckets are not. LoRA activations are taken
         full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
         side of offload omits DeepSpeed's pinned buffers.
     """
@@ -564,13 +346,13 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         num_gpus=num_gpus, recompute=recompute, attention=attention, checkpoint_every=checkpoint_every,
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
-        optimizer_impl=optimizer_impl))
+        optimizer_impl=optimizer_impl, framework=framework))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
     p_bytes, g_bytes, o_bytes, n_train = model_state_bytes(cfg, n, small, setup)
     p_bytes, g_bytes, o_bytes = shard_states(p_bytes, g_bytes, o_bytes, setup)
-    gathered_p, gathered_g = zero3_gathered_bytes(cfg, layer_params, p_bytes, n, n_train, setup)
+    gathered_p, gathered_g = gathered_bytes(cfg, layer_params, p_bytes, n, n_train, setup)
     p_bytes, g_bytes, o_bytes, cpu_bytes = offload_split(p_bytes, g_bytes, o_bytes, n_train, setup)
     p_bytes += gathered_p
     g_bytes += gathered_g
@@ -580,7 +362,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                                 settings, cpu_bytes)
     acts = saved_activations(cfg, setup)
     backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
-    step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train)
+    bucket_backward, bucket_step = bucket_bytes(setup)
+    backward_extra += bucket_backward
+    step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train) + bucket_step
     backward_peak = p_bytes + o_bytes + backward_extra
     optimizer_peak = p_bytes + o_bytes + g_bytes + step_temp
     if optimizer_peak > backward_peak:
@@ -628,7 +412,7 @@ def _echo(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train: int) -
         "batch_size": setup.batch_size, "seq_len": setup.seq_len, "precision": setup.precision,
         "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
         "recompute": setup.recompute, "attention": setup.attention, "checkpoint_every": setup.checkpoint_every,
-        "offload": setup.offload, "method": setup.method}
+        "offload": setup.offload, "method": setup.method, "framework": setup.framework}
     if setup.optimizer_impl != "foreach":  # the default is not echoed, so default JSON stays as it was
         settings["optimizer_impl"] = setup.optimizer_impl
     if setup.method != "full":
@@ -652,7 +436,7 @@ def _estimate_model_parallel(model: str | Path | dict[str, Any] | ModelConfig | 
     result: TrainingEstimate = estimate_parallel(
         cfg, layout, params=params, batch_size=setup.batch_size, seq_len=setup.seq_len, precision=setup.precision,
         optimizer=setup.optimizer, zero_stage=setup.zero_stage, recompute=setup.recompute,
-        attention=setup.attention, offload=setup.offload, method=setup.method)
+        attention=setup.attention, offload=setup.offload, method=setup.method, framework=setup.framework)
     return result
 
 

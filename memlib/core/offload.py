@@ -10,8 +10,12 @@ Three implementations are described, each from its source:
 
 * **ZeRO-Offload** (Ren et al. 2021; DeepSpeed ``offload_optimizer``, ZeRO stage 1/2): fp32 master weights,
   Adam m and v and the gradients live in CPU memory and the Adam step runs there (DeepSpeedCPUAdam); the GPU
-  keeps the 16-bit weights. Each step 16-bit gradients go down (2 bytes/param) and updated 16-bit weights come
-  up (2 bytes/param): 4Ψ bytes, the minimum for any offload of the step, as the paper shows.
+  keeps the 16-bit weights. The paper's design (implementation ``zero-offload-paper``) sends 16-bit gradients
+  down (2 bytes/param) and updated 16-bit weights up (2 bytes/param): 4Ψ bytes, the minimum for any offload
+  of the step, as the paper shows. DeepSpeed (implementation ``deepspeed``) casts each gradient to fp32 on the
+  GPU before the copy (``deepspeed/runtime/zero/stage_1_and_2.py``, ``async_inplace_copy_grad_to_fp32_buffer_
+  from_gpu``: ``src_tensor.to(self.master_weights_and_grads_dtype)``; ``stage3.py``,
+  ``_offload_grad_partition_at_boundary``): 4 bytes/param down, 6Ψ per step.
 * **ZeRO-3 parameter offload / ZeRO-Infinity** (Rajbhandari et al. 2021; DeepSpeed ``offload_param``):
   the 16-bit weight shards also live on the host (or on NVMe); every gather copies them up, once for the
   forward pass and again for the backward pass.
@@ -56,8 +60,9 @@ __all__ = [
 
 #: Offload modes, as in :data:`memlib.core.estimate.OFFLOAD`.
 MODES = ("none", "optimizer", "params+optimizer")
-#: Who implements it: DeepSpeed (ZeRO-Offload / ZeRO-3 offload / ZeRO-Infinity) or PyTorch FSDP2.
-IMPLEMENTATIONS = ("deepspeed", "fsdp2")
+#: Who implements it: DeepSpeed (ZeRO-Offload / ZeRO-3 offload / ZeRO-Infinity), PyTorch FSDP2, or the
+#: ZeRO-Offload paper's design (16-bit gradients down: the 4Ψ minimum DeepSpeed does not reach).
+IMPLEMENTATIONS = ("deepspeed", "fsdp2", "zero-offload-paper")
 #: Where the offloaded states rest: host memory, or NVMe (ZeRO-Infinity; DeepSpeed only).
 TIERS = ("cpu", "nvme")
 
@@ -97,7 +102,7 @@ class Placement:
 
     Attributes:
         mode: ``none``, ``optimizer`` or ``params+optimizer``.
-        implementation: ``deepspeed`` or ``fsdp2``.
+        implementation: ``deepspeed``, ``fsdp2`` or ``zero-offload-paper`` (the paper's 4Ψ design).
         tier: ``cpu`` or ``nvme``.
         states: the states, one row each.
         step_device: where the optimizer step runs (``"gpu"`` or ``"cpu"``).
@@ -126,6 +131,9 @@ def _check(mode: str, implementation: str, tier: str) -> None:
         raise MemlibError("FSDP2 has no optimizer-only offload: CPUOffloadPolicy moves parameters, gradients "
                           "and optimizer states together; use mode 'params+optimizer' or implementation "
                           "'deepspeed'")
+    if implementation == "zero-offload-paper" and mode != "optimizer":
+        raise MemlibError(f"implementation 'zero-offload-paper' is the paper's optimizer offload; expected mode "
+                          f"'optimizer' (got {mode!r})")
     if tier == "nvme" and (implementation != "deepspeed" or mode == "none"):
         raise MemlibError(f"offload tier 'nvme' is ZeRO-Infinity (implementation 'deepspeed' with an offload "
                           f"mode); got implementation {implementation!r}, mode {mode!r}")
@@ -145,7 +153,7 @@ def placement(mode: str, implementation: str = "deepspeed", tier: str = "cpu") -
 
     Args:
         mode: ``none``, ``optimizer`` or ``params+optimizer``.
-        implementation: ``deepspeed`` or ``fsdp2``.
+        implementation: ``deepspeed``, ``fsdp2`` or ``zero-offload-paper`` (the paper's 4Ψ design).
         tier: ``cpu`` or ``nvme``.
 
     Returns:
@@ -170,6 +178,10 @@ def placement(mode: str, implementation: str = "deepspeed", tier: str = "cpu") -
                   StatePlacement("bf16 unsharded gradients, a layer at a time", 2, "streamed"))
         return Placement(mode, implementation, tier, states, "cpu")
     weights = "gpu" if mode == "optimizer" else off
+    if implementation == "zero-offload-paper":
+        states = (StatePlacement("16-bit weights", 2, "gpu"), StatePlacement("16-bit gradients", 2, "cpu"),
+                  StatePlacement("fp32 master weights", 4, off), StatePlacement("Adam m and v (fp32)", 8, off))
+        return Placement(mode, implementation, tier, states, "cpu")
     states = (StatePlacement("16-bit weights", 2, weights),
               StatePlacement("16-bit gradients", 2, "streamed"),
               StatePlacement("fp32 gradient buffer", 4, "cpu"),
@@ -236,13 +248,17 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
 
     Introduced in Chapter 7. Ψ = ``params``, N = ``num_gpus`` (each GPU moves only its shard, Ψ/N):
 
-    * ``optimizer`` (ZeRO-Offload, DeepSpeed stage 2): D2H 2Ψ/N of 16-bit gradients per micro-batch; H2D 2Ψ/N
-      of updated 16-bit weights per step — 4Ψ for one GPU without accumulation (paper §4). With gradient
+    * ``optimizer``, ``zero-offload-paper`` (Ren et al. 2021, §4): D2H 2Ψ/N of 16-bit gradients per
+      micro-batch; H2D 2Ψ/N of updated 16-bit weights per step — 4Ψ for one GPU without accumulation.
+    * ``optimizer``, DeepSpeed (ZeRO-Offload, stage 1/2): the gradients go down in fp32, cast on the GPU
+      (``stage_1_and_2.py``, ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``): D2H 4Ψ/N per micro-batch,
+      H2D 2Ψ/N of 16-bit weights per step — 6Ψ for one GPU without accumulation. With gradient
       accumulation DeepSpeed 0.19 keeps the running sum on the host and, from the second micro-batch on,
       copies it up, adds the new gradients on the GPU and copies the sum down again
       (``async_accumulate_grad_in_cpu_via_gpu``): another 2Ψ/N up per micro-batch after the first.
     * ``params+optimizer``, DeepSpeed (ZeRO-3 ``offload_param``): H2D 2Ψ/N for the forward gathers and again
-      for the backward gathers, D2H 2Ψ/N of gradients, per micro-batch; the step writes the 16-bit weights
+      for the backward gathers, D2H 4Ψ/N of fp32 gradients (``stage3.py``,
+      ``_offload_grad_partition_at_boundary``), per micro-batch; the step writes the 16-bit weights
       on the host, so nothing comes up after it.
     * ``params+optimizer``, FSDP2 ``CPUOffloadPolicy``: as DeepSpeed but with ``fsdp_param_bytes`` per
       element (the shards' storage dtype: 4 for fp32 parameters); without ``reshard_after_forward`` the
@@ -254,7 +270,7 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
     Args:
         params: Ψ, the model's parameter count.
         mode: ``none``, ``optimizer`` or ``params+optimizer``.
-        implementation: ``deepspeed`` or ``fsdp2``.
+        implementation: ``deepspeed``, ``fsdp2`` or ``zero-offload-paper`` (the paper's 4Ψ design).
         tier: ``cpu`` or ``nvme``.
         num_gpus: data-parallel GPUs sharing the states (ZeRO/FSDP sharding).
         grad_accum_steps: micro-batches per optimizer step.
@@ -277,7 +293,9 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
     if implementation == "fsdp2":
         up = e * shard
         return OffloadTraffic(up, up if reshard_after_forward else 0, e * shard, 0, 0, 0, 0, 0, k, settings)
-    # DeepSpeed
+    if implementation == "zero-offload-paper":
+        return OffloadTraffic(0, 0, 2 * shard, 2 * shard * (k - 1), 2 * shard, 0, 0, 0, k, settings)
+    # DeepSpeed: gradients cast to fp32 on the GPU, then copied down
     accumulate_up = 2 * shard * (k - 1) if mode == "optimizer" else 0
     nvme_read_step = nvme_write_step = nvme_read_micro = 0
     if tier == "nvme":
@@ -286,9 +304,9 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
             nvme_write_step += 2 * shard
             nvme_read_micro = 2 * 2 * shard
     if mode == "optimizer":
-        return OffloadTraffic(0, 0, 2 * shard, accumulate_up, 2 * shard, nvme_read_step, nvme_write_step,
+        return OffloadTraffic(0, 0, 4 * shard, accumulate_up, 2 * shard, nvme_read_step, nvme_write_step,
                               nvme_read_micro, k, settings)
-    return OffloadTraffic(2 * shard, 2 * shard, 2 * shard, 0, 0, nvme_read_step, nvme_write_step, nvme_read_micro,
+    return OffloadTraffic(2 * shard, 2 * shard, 4 * shard, 0, 0, nvme_read_step, nvme_write_step, nvme_read_micro,
                           k, settings)
 
 
@@ -360,7 +378,7 @@ def offload_step_time(params: int, tokens_per_micro_batch: int, mode: str, *, im
         params: Ψ, the model's parameter count.
         tokens_per_micro_batch: tokens per GPU per micro-batch (batch_size × seq_len).
         mode: ``none``, ``optimizer`` or ``params+optimizer``.
-        implementation: ``deepspeed`` or ``fsdp2``.
+        implementation: ``deepspeed``, ``fsdp2`` or ``zero-offload-paper`` (the paper's 4Ψ design).
         tier: ``cpu`` or ``nvme``.
         grad_accum_steps: micro-batches per optimizer step.
         num_gpus: data-parallel GPUs sharing the states (each steps its shard Ψ/N on the CPU).
@@ -455,9 +473,9 @@ def hiding_tokens(mode: str, *, implementation: str = "deepspeed", num_gpus: int
 
     Introduced in Chapter 7. Compute and copies both grow with Ψ, so the answer does not depend on the
     model size: the backward pass (4Ψ·T FLOPs at ``flops_per_token`` = 6) hides b bytes/param of copies when
-    T ≥ b·MFU·peak / (4·BW) (divided by N when N GPUs each move only their shard Ψ/N); for ZeRO-Offload's 2-byte
-    gradients that is MFU·peak / (2·BW): about 7,800 tokens for an H100 at 40 % MFU on PCIe Gen4 (80 %
-    of 31.5 GB/s). The CPU step and the weight upload, once per optimizer step, are not included: they
+    T ≥ b·MFU·peak / (4·BW) (divided by N when N GPUs each move only their shard Ψ/N); for the ZeRO-Offload
+    paper's 2-byte gradients that is MFU·peak / (2·BW): about 7,800 tokens for an H100 at 40 % MFU on PCIe Gen4
+    (80 % of 31.5 GB/s); DeepSpeed's fp32 gradients (4 bytes) need twice as many. The CPU step and the weight upload, once per optimizer step, are not included: they
     are amortized by gradient accumulation (or hidden by the delayed update), not by the micro-batch.
 
     Returns:
@@ -516,7 +534,7 @@ def max_params_that_fit(gpu_bytes: int, host_bytes: int, offload: str, *, reserv
 
     def fits(n: int) -> bool:
         est = estimate_training(params=n, precision=precision, optimizer="adamw", zero_stage=stage,
-                                offload=offload)
+                                offload=offload, framework="deepspeed")
         return (est.total_bytes + reserve <= gpu_b
                 and est.cpu_bytes * per_node * host_buffer_factor <= host_b)
 

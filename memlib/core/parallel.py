@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .configs import ModelConfig, load_config
-from .choices import RECOMPUTE, SCHEDULES
+from .choices import RECOMPUTE, SCHEDULES, check_framework
 from .errors import MemlibError, check_choice, check_positive
 
 __all__ = [
@@ -476,12 +476,15 @@ def comm_bytes_per_layer(cfg: ModelConfig, batch_size: int, seq_len: int, layout
 def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, layout: Layout, *,
                       params: int | None, batch_size: int, seq_len: int, precision: str, optimizer: str,
                       zero_stage: int, recompute: str, attention: str, offload: str, method: str,
-                      sp_keeps_gathered: bool = False) -> Any:
+                      sp_keeps_gathered: bool = False, framework: str = "megatron") -> Any:
     """Per-GPU training memory of the worst rank under a parallel layout (called by
     :func:`memlib.core.estimate.estimate_training` when a model-parallel degree is set). Introduced in Chapter 15.
 
-    Model states: the worst stage's parameters per tp GPU (:func:`stage_params`), with ZeRO over dp (the
-    ZeRO paper's accounting of :func:`memlib.core.estimate.estimate_training` with ``params=``). Activations of
+    Model states: the worst stage's parameters per tp GPU (:func:`stage_params`) in Megatron-LM's layout
+    (:mod:`memlib.core.frameworks`: bf16 params 2 + fp32 ``main_grad`` 4 + fp32 main params and Adam 12 bytes
+    per parameter, ``megatron/core/distributed/param_and_grad_buffer.py``), the distributed optimizer
+    (``zero_stage=1``, ``megatron/core/optimizer/distrib_optimizer.py``) sharding the 12 over dp: 6 + 12/dp
+    (:func:`memlib.core.estimate.estimate_training` with ``params=``). Activations of
     stage i: in_flight(i) × (its layers × per-layer bytes + its outside bytes), the per-layer bytes from
     :func:`split_terms` at s/cp; plus the TP buffer, the ring-attention K/V buffers and the largest
     temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
@@ -501,6 +504,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     unchanged. Real routers are imbalanced: the busiest GPU holds more (a capacity factor c bounds it at c×).
 
     Args:
+        framework: whose layout the states follow; only ``megatron`` supports tp/pp/cp/ep
+            (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`).
         sp_keeps_gathered: PyTorch DTensor's ``SequenceParallel`` + ``ColwiseParallel``: each column-parallel
             linear all-gathers its input and saves the gathered copy for backward (Megatron re-gathers it
             instead): :func:`sp_gathered_extra_bytes` per layer. False follows Megatron (Korthikanti et al. 2022).
@@ -524,6 +529,9 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         raise MemlibError(f"method {method!r} with model parallelism is not estimated; expected method 'full'")
     if offload != "none":
         raise MemlibError(f"offload {offload!r} with model parallelism is not estimated; expected offload 'none'")
+    check_framework(framework, zero_stage, offload, tuple(name for name, d in (("tp", layout.tp), ("pp", layout.pp),
+                                                                             ("cp", layout.cp), ("ep", layout.ep))
+                                                       if d > 1))
     if layout.cp > 1 and attention != "sdpa":
         raise MemlibError(f"cp {layout.cp} needs attention 'sdpa' (ring attention is a flash kernel); got "
                           f"{attention!r}")
@@ -532,7 +540,7 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         n = check_positive("params", params)
         per_rank = -(-n // (layout.tp * p))
         st = estimate_training(params=per_rank, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
-                               num_gpus=layout.dp)
+                               num_gpus=layout.dp, framework=framework)
         return TrainingEstimate(st.params_bytes, st.grads_bytes, st.optimizer_bytes, None, 0, st.total_bytes,
                                 "states", {**st.settings, **_layout_settings(layout), "params": n,
                                            "trainable_params": n, "num_gpus": layout.num_gpus,
@@ -577,16 +585,16 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     def states(i: int) -> Any:
         if not ep_settings:
             return estimate_training(params=params_per_stage[i], precision=precision, optimizer=optimizer,
-                                     zero_stage=zero_stage, num_gpus=layout.dp)
+                                     zero_stage=zero_stage, num_gpus=layout.dp, framework=framework)
         # ZeRO shards the non-expert states over dp and each expert's over the dp/ep ranks that hold a copy of
         # it (DeepSpeed-MoE's expert-data-parallel group; Megatron's expert data parallelism)
         dense, routed = split[i]
         a = estimate_training(params=dense, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
-                              num_gpus=layout.dp)
+                              num_gpus=layout.dp, framework=framework)
         if routed == 0:
             return a
         x = estimate_training(params=routed // layout.ep, precision=precision, optimizer=optimizer,
-                              zero_stage=zero_stage, num_gpus=layout.dp // layout.ep)
+                              zero_stage=zero_stage, num_gpus=layout.dp // layout.ep, framework=framework)
         return TrainingEstimate(a.params_bytes + x.params_bytes, a.grads_bytes + x.grads_bytes,
                                 a.optimizer_bytes + x.optimizer_bytes, None, 0, a.total_bytes + x.total_bytes,
                                 "states", a.settings)
@@ -607,7 +615,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
                 "optimizer": optimizer, "zero_stage": zero_stage, "num_gpus": layout.num_gpus,
                 "recompute": recompute, "attention": attention, "offload": offload, "method": method,
-                "params": _count_all(cfg), "trainable_params": _count_all(cfg), **_layout_settings(layout),
+                "framework": framework, "params": _count_all(cfg), "trainable_params": _count_all(cfg),
+                **_layout_settings(layout),
                 "worst_stage": worst, "stage_params": params_per_stage[worst],
                 "bubble_fraction": bubble_fraction(p, layout.micro_batches, layout.schedule, layout.virtual_stages),
                 **ep_settings}

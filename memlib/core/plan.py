@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .choices import RECOMPUTE
+from .choices import FRAMEWORK_SUPPORT, FRAMEWORKS, RECOMPUTE
 from .configs import ModelConfig, load_config
 from .dtypes import GB, GiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
@@ -28,7 +28,8 @@ JOBS = ("train", "lora", "qlora", "infer")
 #: The priority order for training (cheapest first), after the two source notes' lists: every full
 #: fine-tuning technique comes before LoRA / QLoRA, which changes the job. Inference has its own ladder.
 PRIORITY = ("bf16 mixed precision", "FlashAttention", "gradient accumulation", "activation checkpointing",
-            "ZeRO-2", "8-bit AdamW", "ZeRO-3", "pure bf16", "CPU offload", "LoRA / QLoRA")
+            "ZeRO-1", "ZeRO-2", "8-bit AdamW", "ZeRO-3", "pure bf16", "switch to DeepSpeed", "CPU offload",
+            "LoRA / QLoRA")
 
 #: Memory kept free on every GPU for the CUDA context and library workspaces; the planner adds
 #: :data:`DEFAULT_FRAGMENTATION` of the estimate on top: the one reserve policy of
@@ -136,8 +137,15 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
     if technique == "activation checkpointing":
         extra = recompute_overhead(cfg, setup.seq_len, setup.recompute)
         return f"{setup.recompute} recomputation: +{100 * extra:.1f} % compute"
+    if technique == "ZeRO-1":
+        how = ("Megatron's distributed optimizer" if setup.framework == "megatron"
+               else "torch's ZeroRedundancyOptimizer")
+        return f"{how}: optimizer states sharded over {n_gpus} GPUs, communication unchanged (2Ψ per step)"
     if technique == "ZeRO-2":
         return f"communication unchanged (2Ψ per step, reduce-scatter + all-gather) over {n_gpus} GPUs"
+    if technique == "switch to DeepSpeed":
+        return ("a change of framework: DeepSpeed ZeRO (16-bit params and grads, fp32 master and Adam states "
+                "partitioned), which has ZeRO-3 and CPU offload" + (": ZeRO-3, 3Ψ per step" if n_gpus > 1 else ""))
     if technique == "8-bit AdamW":
         return "optimizer states 8 → 2 bytes/param; matches 32-bit Adam in the paper's benchmarks"
     if technique == "ZeRO-3":
@@ -152,10 +160,16 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
                 "not full fine-tuning")
     if technique == "CPU offload":
         shard = n_gpus if setup.zero_stage >= 1 else 1
-        traffic = 2 * 2 * n / shard if setup.method == "full" else 2 * 4 * lora_params(cfg, setup.lora_rank)
-        if setup.offload == "params+optimizer":  # the weights come up for forward and again for backward
-            base = qlora_base_bytes(cfg) if setup.method == "qlora" else 2 * n
-            traffic += 2 * base / n_gpus
+        if setup.method == "full":  # the framework's own traffic (DeepSpeed sends fp32 gradients: 6Ψ at k = 1)
+            from .offload import offload_traffic
+
+            traffic = float(offload_traffic(n, setup.offload, implementation="fsdp2" if setup.framework == "fsdp2"
+                                            else "deepspeed", num_gpus=shard).link_bytes)
+        else:
+            traffic = 2 * 4 * lora_params(cfg, setup.lora_rank)
+            if setup.offload == "params+optimizer":  # the weights come up for forward and again for backward
+                base = qlora_base_bytes(cfg) if setup.method == "qlora" else 2 * n
+                traffic += 2 * base / n_gpus
         return (f"{setup.offload} in CPU memory; ≈ {traffic / GB:,.1f} GB over PCIe per step "
                 f"(≈ {traffic / _PCIE_BYTES_PER_S:.1f} s at 25 GB/s) and the optimizer step on the CPU")
     raise AssertionError(technique)  # pragma: no cover
@@ -164,13 +178,19 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
 def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train", num_gpus: int = 1,
          gpu_memory: int | str = 80 * GiB, batch_size: int = 1, seq_len: int = 2048,
          reserve: int | str = DEFAULT_RESERVE, fragmentation: float = DEFAULT_FRAGMENTATION, lora_rank: int = 16,
-         search_gpus: bool = True) -> Plan:
+         search_gpus: bool = True, framework: str = "pytorch") -> Plan:
     """Find the cheapest combination of techniques, in the priority order of the two source notes, that fits.
 
     Introduced in Chapter 13. Training jobs climb the ladder bf16 mixed precision → FlashAttention →
-    gradient accumulation → activation checkpointing (selective, then full) → ZeRO-2 → 8-bit AdamW → ZeRO-3 →
-    pure bf16 → CPU offload (optimizer, then parameters) → LoRA/QLoRA, estimating per-GPU memory at each rung
-    with :func:`memlib.core.estimate.estimate_training`; the first rung that fits is pruned of rungs it does not
+    gradient accumulation → activation checkpointing (selective, then full) → ZeRO-1 or ZeRO-2 → 8-bit AdamW →
+    ZeRO-3 → pure bf16 → switch to DeepSpeed → CPU offload (optimizer, then parameters) → LoRA/QLoRA,
+    estimating per-GPU memory at each rung in the layout of ``framework`` with
+    :func:`memlib.core.estimate.estimate_training`. Only the rungs the framework supports are climbed
+    (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`): ``pytorch`` and ``megatron`` get ZeRO-1
+    (``ZeroRedundancyOptimizer``, the distributed optimizer) and, having no ZeRO-3 or offload, a "switch to
+    DeepSpeed" rung (ZeRO-3 on several GPUs) after which DeepSpeed's offload rungs apply; ``deepspeed`` gets
+    ZeRO-2, ZeRO-3 and both offloads; ``fsdp2`` starts at its zero 2 (``reshard_after_forward=False``) and
+    gets ZeRO-3 and ``CPUOffloadPolicy``; the first rung that fits is pruned of rungs it does not
     need (the free ones, mixed precision and FlashAttention, are kept). Every full fine-tuning option comes
     before LoRA/QLoRA; when the plan changes the job it says so in :attr:`Plan.notes`. ``lora`` and ``qlora``
     jobs start with that method. ``infer`` climbs fp16 → fp8 KV cache → int8 → int4 (NF4) weights, each rung
@@ -191,6 +211,7 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         reserve: CUDA context and workspaces kept free per GPU (default 1 GiB).
         fragmentation: fraction of the estimate added for allocator fragmentation (default 0.05).
         lora_rank: LoRA rank for the LoRA rungs.
+        framework: the training framework (:data:`memlib.core.choices.FRAMEWORKS`, default ``pytorch``).
         search_gpus: when nothing fits, find the fewest GPUs (up to 4096) with which a plan fits. For training
             that is often none: with everything offloaded, each GPU still holds one micro-batch's activations
             and the gathered layers, which more data-parallel GPUs do not shrink.
@@ -216,8 +237,9 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     frag = float(fragmentation)
     reserve_bytes(0, cuda_context_bytes=res, fragmentation=frag)  # validates the fragmentation
     check_positive("lora rank", lora_rank)
+    check_choice("framework", framework, FRAMEWORKS)
     inputs = {"model": cfg.name, "job": job, "num_gpus": n_gpus, "gpu_memory": mem, "batch_size": b,
-              "seq_len": s, "reserve": res, "fragmentation": frag, "lora_rank": lora_rank}
+              "seq_len": s, "reserve": res, "fragmentation": frag, "lora_rank": lora_rank, "framework": framework}
     if job == "infer":
         return _plan_inference(cfg, n_gpus, mem, b, s, res, frag, inputs, search_gpus)
 
@@ -228,9 +250,9 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         return total + reserve_for(total) <= mem
 
     method = {"train": "full", "lora": "lora", "qlora": "qlora"}[job]
-    setup = TrainingSetup(batch_size=b, seq_len=s, precision="fp32", optimizer="adamw", zero_stage=0,
-                          num_gpus=n_gpus, recompute="none", attention="eager", offload="none", method=method,
-                          lora_rank=lora_rank)
+    setup = TrainingSetup(batch_size=b, seq_len=s, precision="fp32", optimizer="adamw",
+                          zero_stage=FRAMEWORK_SUPPORT[framework][0][0], num_gpus=n_gpus, recompute="none",
+                          attention="eager", offload="none", method=method, lora_rank=lora_rank, framework=framework)
     accumulation = 1  # micro-batches per optimizer step: setup.batch_size × accumulation = b
     accumulate = False  # whether the gradient accumulation rung has been climbed
 
@@ -261,7 +283,8 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     if add("baseline", setup, accumulation):
         chosen_idx = 0
     else:
-        for technique, variants in _ladder(job, n_gpus, b, cfg.model_type):
+        for technique, changes in _ladder(job, n_gpus, b, cfg.model_type):
+            variants = [v for v in (change(setup) for change in changes) if v is not None]
             if not variants:
                 last = steps[-1]
                 steps.append(PlanStep(technique, _public(setup, accumulation), last.per_gpu_bytes, last.cpu_bytes,
@@ -269,8 +292,8 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
                                       reserve_bytes=last.reserve_bytes))
                 continue
             accumulate = accumulate or technique == "gradient accumulation"
-            for i, change in enumerate(variants):
-                trial, trial_acc = best_micro(change(setup), accumulation)
+            for i, variant in enumerate(variants):
+                trial, trial_acc = best_micro(variant, accumulation)
                 if fits_mem(est(trial)[0]) or i == len(variants) - 1:
                     setup, accumulation = trial, trial_acc
                     break
@@ -284,9 +307,9 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         if search_gpus:
             more = _min_gpus(lambda n: plan(cfg, job=job, num_gpus=n, gpu_memory=mem, batch_size=b, seq_len=s,
                                             reserve=res, fragmentation=frag, lora_rank=lora_rank,
-                                            search_gpus=False).fits, n_gpus)
+                                            search_gpus=False, framework=framework).fits, n_gpus)
         return Plan(False, None, closest, steps, more, inputs)
-    chosen = _prune(steps, chosen_idx, setup, accumulation, est, fits_mem, reserve_for, method)
+    chosen = _prune(steps, chosen_idx, setup, accumulation, est, fits_mem, reserve_for, method, framework)
     notes = []
     if chosen.settings["method"] != method:
         names = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
@@ -301,11 +324,12 @@ def _public(setup: TrainingSetup, accumulation: int) -> dict[str, Any]:
     return {"batch_size": setup.batch_size, "seq_len": setup.seq_len, "precision": setup.precision,
             "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
             "recompute": setup.recompute, "attention": setup.attention, "offload": setup.offload,
-            "method": setup.method, "lora_rank": setup.lora_rank, "accumulation_steps": accumulation}
+            "method": setup.method, "lora_rank": setup.lora_rank, "accumulation_steps": accumulation,
+            "framework": setup.framework}
 
 
-#: One variant of a rung: the setup with the technique switched on.
-Change = Callable[[TrainingSetup], TrainingSetup]
+#: One variant of a rung: the setup with the technique switched on, or None where the setup's framework lacks it.
+Change = Callable[[TrainingSetup], TrainingSetup | None]
 
 
 def _set(**change: Any) -> Change:
@@ -313,13 +337,43 @@ def _set(**change: Any) -> Change:
     return lambda setup: replace(setup, **change)
 
 
+def _zero(stage: int, **change: Any) -> Change:
+    """ZeRO stage ``stage`` (with ``change``), where the setup's framework has it and the stage is higher."""
+    def apply(setup: TrainingSetup) -> TrainingSetup | None:
+        stages, offloads, _ = FRAMEWORK_SUPPORT[setup.framework]
+        if stage not in stages or stage <= setup.zero_stage or change.get("offload", "none") not in offloads:
+            return None
+        return replace(setup, zero_stage=stage, **change)
+    return apply
+
+
+def _offload(mode: str) -> Change:
+    """Offload ``mode`` (parameter offload with ZeRO-3), where the setup's framework has it."""
+    def apply(setup: TrainingSetup) -> TrainingSetup | None:
+        stages, offloads, _ = FRAMEWORK_SUPPORT[setup.framework]
+        if mode not in offloads:
+            return None
+        return replace(setup, offload=mode, zero_stage=3 if mode == "params+optimizer" else setup.zero_stage)
+    return apply
+
+
+def _switch(multi: bool) -> Change:
+    """Switch a framework without ZeRO-3 or offload (pytorch, megatron) to DeepSpeed (ZeRO-3 on several GPUs)."""
+    def apply(setup: TrainingSetup) -> TrainingSetup | None:
+        if setup.framework not in ("pytorch", "megatron"):
+            return None
+        return replace(setup, framework="deepspeed", zero_stage=3 if multi else setup.zero_stage)
+    return apply
+
+
 def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tuple[str, list[Change]]]:
-    """Each rung and the setup changes it tries, cheapest first (empty: not applicable).
+    """Each rung and the setup changes it tries, cheapest first (none that apply: not applicable).
 
     Gradient accumulation changes no setting itself: from its rung on, every rung picks the largest
     micro-batch that fits (``best_micro`` in :func:`plan`). transformers runs Gemma 2 with eager attention only
     (no FlashAttention rung), and LoRA is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3 only (no
-    LoRA rung for the others)."""
+    LoRA rung for the others). The ZeRO, switch and offload rungs apply where the setup's framework at that
+    rung supports them (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`)."""
     multi = n_gpus > 1
     lora_ok = model_type in ("gpt2", "llama", "mistral", "qwen2", "gemma", "qwen3")
     return [
@@ -327,11 +381,14 @@ def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tu
         ("FlashAttention", [_set(attention="sdpa")] if model_type != "gemma2" else []),
         ("gradient accumulation", [_set()] if b > 1 else []),
         ("activation checkpointing", [_set(recompute="selective"), _set(recompute="full")]),
-        ("ZeRO-2", [_set(zero_stage=2)] if multi else []),
+        ("ZeRO-1", [lambda st: _zero(1)(st) if 2 not in FRAMEWORK_SUPPORT[st.framework][0] else None]
+         if multi else []),
+        ("ZeRO-2", [_zero(2)] if multi else []),
         ("8-bit AdamW", [_set(optimizer="adamw-8bit")]),
-        ("ZeRO-3", [_set(zero_stage=3)] if multi else []),
+        ("ZeRO-3", [_zero(3)] if multi else []),
         ("pure bf16", [_set(precision="bf16")] if job == "train" else []),
-        ("CPU offload", [_set(offload="optimizer"), _set(offload="params+optimizer", zero_stage=3)]),
+        ("switch to DeepSpeed", [_switch(multi)]),
+        ("CPU offload", [_offload("optimizer"), _offload("params+optimizer")]),
         ("LoRA / QLoRA", [_set(method="lora", offload="none"), _set(method="qlora", offload="none"),
                           _set(method="qlora")] if job == "train" and lora_ok
          else [_set(method="qlora", offload="none"), _set(method="qlora")] if job == "lora" and lora_ok else []),
@@ -339,17 +396,20 @@ def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tu
 
 
 # What switching a rung off restores (for pruning): dataclasses.replace keywords. Gradient accumulation off
-# restores the whole batch as one micro-batch (in _prune).
+# restores the whole batch as one micro-batch, the framework switch the framework (both in _prune).
 _OFF: dict[str, dict[str, Any]] = {
-    "gradient accumulation": {}, "activation checkpointing": {"recompute": "none"},
+    "gradient accumulation": {}, "activation checkpointing": {"recompute": "none"}, "ZeRO-1": {"zero_stage": 0},
     "ZeRO-2": {"zero_stage": 0}, "8-bit AdamW": {"optimizer": "adamw"}, "ZeRO-3": {"zero_stage": 2},
-    "pure bf16": {"precision": "bf16-mixed"}, "CPU offload": {"offload": "none"}}
+    "pure bf16": {"precision": "bf16-mixed"}, "switch to DeepSpeed": {}, "CPU offload": {"offload": "none"}}
 
 
 def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: int,
            est: Callable[[TrainingSetup], tuple[int, int]], fits_mem: Callable[[int], bool],
-           reserve_for: Callable[[int], int], method: str) -> PlanStep:
-    """Drop rungs below ``idx`` that the fit does not need; mark each rung needed or not."""
+           reserve_for: Callable[[int], int], method: str, framework: str) -> PlanStep:
+    """Drop rungs below ``idx`` that the fit does not need; mark each rung needed or not.
+
+    A rung whose removal would leave a combination the framework does not support (ZeRO-1 under ZeRO-3,
+    the switch to DeepSpeed under DeepSpeed's offload) stays."""
     final, final_acc = setup, accumulation
     b = steps[0].settings["batch_size"]
     for i in range(idx - 1, 0, -1):
@@ -363,7 +423,19 @@ def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: 
             continue  # subsumed by ZeRO-3
         if st.technique == "CPU offload" and final.offload == "none":
             continue  # already switched off by a later rung (LoRA / QLoRA)
-        trial, trial_acc = replace(final, **off), final_acc
+        if st.technique == "ZeRO-1" and final.zero_stage != 1:
+            continue  # subsumed by the switch to DeepSpeed's ZeRO-3
+        if st.technique == "ZeRO-3" and final.framework == "fsdp2":
+            off = {"zero_stage": 2}
+        if st.technique == "ZeRO-2" and final.framework != "deepspeed":
+            continue
+        if st.technique == "switch to DeepSpeed":
+            off = {"framework": framework, "zero_stage": min(final.zero_stage, 1 if _steps_have(steps, "ZeRO-1")
+                                                             else 0)}
+        try:
+            trial, trial_acc = replace(final, **off), final_acc
+        except MemlibError:
+            continue  # the framework needs this rung for the rungs above it
         if st.technique == "gradient accumulation":
             trial, trial_acc = replace(trial, batch_size=b), 1
         needed = not fits_mem(est(trial)[0])
@@ -381,6 +453,11 @@ def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: 
                           top.applicable, True, top.reserve_bytes)
     return PlanStep("plan", _public(final, final_acc), total, cpu, True, "the cheapest combination found", True,
                     True, reserve_for(total))
+
+
+def _steps_have(steps: list[PlanStep], technique: str) -> bool:
+    """Whether the ladder climbed (applied) ``technique``."""
+    return any(st.technique == technique and st.applicable for st in steps)
 
 
 def _min_gpus(fits: Any, n_gpus: int) -> int | None:
@@ -481,7 +558,9 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
                   cp: int | None = None, search_gpus: bool = True, ep: int | None = None) -> ParallelPlan:
     """Full fine-tuning / pre-training layout over data, tensor, pipeline, context and expert parallelism.
 
-    Introduced in Chapter 15. bf16 mixed precision, AdamW, FlashAttention, micro-batch ``batch_size``; the
+    Introduced in Chapter 15. bf16 mixed precision, AdamW, FlashAttention, micro-batch ``batch_size``, in
+    Megatron-LM's layout (``zero_stage=1`` is its distributed optimizer), the ZeRO-2/3 rungs in DeepSpeed's
+    (DeepSpeed-MoE's for expert parallelism; :mod:`memlib.core.frameworks`; settings name the framework); the
     rungs, cheapest communication first (the Ultra-Scale Playbook's order; Narayanan et al. 2021, §3):
 
     1. data parallel with ZeRO-1 (the distributed optimizer);
@@ -550,16 +629,17 @@ def plan_parallel(model: str | Path | dict[str, Any] | ModelConfig, *, num_gpus:
         m = micro_batches or (4 * p if p > 1 else 1)
         if pp_schedule == "interleaved" and (p == 1 or m % p or cfg.num_layers % (2 * p)):
             return None
+        framework = "deepspeed" if zero >= 2 else "megatron"  # ZeRO-2/3 rungs: DeepSpeed (and DeepSpeed-MoE)
         e = estimate_training(cfg, TrainingSetup(
             batch_size=b, seq_len=s, precision="bf16-mixed", optimizer="adamw", zero_stage=zero, num_gpus=n,
             recompute=recompute, attention="sdpa", tp=t, pp=p, cp=c, ep=x, sequence_parallel=t > 1,
-            micro_batches=m, pp_schedule=pp_schedule if p > 1 else "1f1b"))
+            micro_batches=m, pp_schedule=pp_schedule if p > 1 else "1f1b", framework=framework))
         total = e.total_bytes
         r = reserve_for(total)
         settings = {"tp": t, "pp": p, "cp": c, "dp": n // (t * p * c), "sequence_parallel": t > 1,
                     "zero_stage": zero, "recompute": recompute, "micro_batches": m, "pp_schedule": pp_schedule,
                     "batch_size": b, "seq_len": s, "precision": "bf16-mixed", "attention": "sdpa",
-                    "bubble_fraction": e.settings.get("bubble_fraction", 0.0)}
+                    "bubble_fraction": e.settings.get("bubble_fraction", 0.0), "framework": framework}
         if experts:
             settings["ep"] = x
         st = PlanStep(technique, settings, total, 0, total + r <= mem, cost, True, None, r)

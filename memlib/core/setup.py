@@ -88,7 +88,7 @@ class TrainingSetup:
                              ("checkpoint_every", "checkpoint_every"), ("lora_rank", "lora rank"), ("tp", "tp"),
                              ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches")):
             object.__setattr__(self, field, check_positive(label, getattr(self, field)))
-        check_framework(self.framework, self.zero_stage, self.offload, self.model_parallel)
+        check_framework(self.framework, self.zero_stage, self.offload, self.parallel_degrees)
         if self.model_parallel:
             return  # memlib.core.parallel.check_layout checks the layout against the model
         if self.checkpoint_every != 1 and self.recompute != "full":
@@ -103,6 +103,15 @@ class TrainingSetup:
         """True when a tensor/pipeline/context/expert-parallel setting differs from plain data parallelism."""
         return (self.tp, self.pp, self.cp, self.ep, self.sequence_parallel, self.micro_batches,
                 self.pp_schedule) != (1, 1, 1, 1, False, 1, "1f1b")
+
+    @property
+    def parallel_degrees(self) -> tuple[str, ...]:
+        """The model-parallel degrees set: ``tp`` (with sequence parallelism), ``pp`` (with its micro-batches and
+        schedule), ``cp``, ``ep`` (what :func:`memlib.core.choices.check_framework` checks per framework)."""
+        return tuple(name for name, on in (
+            ("tp", self.tp > 1 or self.sequence_parallel),
+            ("pp", self.pp > 1 or self.micro_batches > 1 or self.pp_schedule != "1f1b"),
+            ("cp", self.cp > 1), ("ep", self.ep > 1)) if on)
 
     @property
     def autocast(self) -> bool:

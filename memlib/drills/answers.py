@@ -13,7 +13,8 @@ from typing import Any
 
 from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS
-from ..core.estimate import estimate_inference, estimate_training, state_bytes_per_param
+from ..core.estimate import estimate_inference, state_bytes_per_param
+from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
 from ..core.hardware import get_gpu
 from ..core.inference import forward_activation_bytes, reserve_bytes, serving_fit

@@ -38,6 +38,15 @@ __all__ = [
 ]
 
 
+def estimate_training(*args: Any, **kwargs: Any) -> Any:
+    """:func:`memlib.core.estimate.estimate_training` with ``framework="deepspeed"``: the drills and the model
+    answers count model states as the ZeRO paper does (16-bit params and grads, fp32 master and Adam states,
+    partitioned by ZeRO stage; DeepSpeed's layout, :mod:`memlib.core.frameworks`)."""
+    from ..core.estimate import estimate_training as estimate
+
+    return estimate(*args, framework="deepspeed", **kwargs)
+
+
 def _gb(n: float, digits: int = 1) -> str:
     return f"{n / GB:,.{digits}f} GB"
 

@@ -15,8 +15,8 @@ from ..core.choices import ATTENTION, RECOMPUTE
 from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MiB, dtype_bytes, weight_bytes_per_param
 from ..core.errors import check_choice
-from ..core.estimate import (KV_DTYPES, estimate_inference, estimate_training, korthikanti_activation_bytes,
-                             state_bytes_per_param)
+from ..core.estimate import KV_DTYPES, estimate_inference, korthikanti_activation_bytes, state_bytes_per_param
+from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
 from ..core.hardware import get_gpu
 from ..core.lora import lora_params

@@ -565,12 +565,12 @@ def _strategies(args: argparse.Namespace) -> list[str]:
     """The strategies asked for, validated as ``memlib train`` validates its settings (a TrainingSetup each)."""
     from ..core.configs import check_seq_len, load_config
     from ..core.setup import TrainingSetup
-
     if args.zero is not None and args.strategies is not None:
         raise MemlibError("give --zero or --strategies, not both")
     strategies = args.strategies or [STRATEGIES[z] for z in (args.zero if args.zero is not None else ZERO_STAGES)]
     for s in strategies:
-        TrainingSetup(batch_size=args.batch, seq_len=args.seq, zero_stage=STRATEGY_STAGE[s], num_gpus=args.gpus)
+        TrainingSetup(batch_size=args.batch, seq_len=args.seq, zero_stage=STRATEGY_STAGE[s], num_gpus=args.gpus,
+                      framework="fsdp2" if STRATEGY_STAGE[s] >= 2 else "pytorch")  # ddp, zero1: plain PyTorch
     check_seq_len(load_config(TINY_LLAMA), args.seq)
     if args.steps < 2:
         raise MemlibError(f"steps must be ≥ 2 (the last step is measured after a warm-up step), got {args.steps}")

@@ -27,7 +27,7 @@ from typing import Any
 from ..core.configs import load_config, shipped_models
 from ..core.dtypes import GB, WEIGHT_FORMATS, GiB
 from ..core.errors import MemlibError, check_choice
-from ..core.choices import KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+from ..core.choices import FRAMEWORKS, KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 from ..core.estimate import TrainingEstimate, estimate_training
 from ..core.formats import FORMAT_NAMES, encode
 from ..core.offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
@@ -46,7 +46,8 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/attention_terms", "core/categories", "core/checkpointing", "core/choices",
     "core/configs", "core/dtypes", "core/errors", "core/estimate", "core/families_dense", "core/families_moe",
-    "core/flops", "core/formats", "core/hardware", "core/inference", "core/lora", "core/offload", "core/parallel",
+    "core/flops", "core/formats", "core/frameworks", "core/hardware", "core/inference", "core/lora", "core/offload",
+    "core/parallel",
     "core/params", "core/plan", "core/search", "core/serve", "core/setup", "drills/__init__", "drills/answers",
     "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
@@ -169,6 +170,7 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
     seq_len = int(_choice(params, "seq_len", 4096, SEQ_LENS))
     precision = _choice(params, "precision", "bf16-mixed", PRECISIONS)
     optimizer = _choice(params, "optimizer", "adamw", OPTIMIZERS)
+    framework = _choice(params, "framework", "pytorch", FRAMEWORKS)
     zero_stage = int(_choice(params, "zero_stage", 0, ZERO_STAGES))
     num_gpus = int(_choice(params, "num_gpus", 1, NUM_GPUS))
     gpu_memory_gib = float(_choice(params, "gpu_memory_gib", 80.0, GPU_MEMORY_GIB))
@@ -177,13 +179,14 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
                 + _select("seq_len", "sequence", SEQ_LENS, seq_len, live)
                 + _select("precision", "precision", PRECISIONS, precision, live)
                 + _select("optimizer", "optimizer", OPTIMIZERS, optimizer, live)
+                + _select("framework", "framework", FRAMEWORKS, framework, live)
                 + _select("zero_stage", "ZeRO stage", ZERO_STAGES, zero_stage, live)
                 + _select("num_gpus", "GPUs", NUM_GPUS, num_gpus, live)
                 + _select("gpu_memory_gib", "GPU memory (GiB)", GPU_MEMORY_GIB, gpu_memory_gib, live))
     try:
         est = estimate_training(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                                optimizer=optimizer, zero_stage=zero_stage, num_gpus=num_gpus)
-    except MemlibError as err:  # e.g. a sequence longer than the model's positions
+                                optimizer=optimizer, zero_stage=zero_stage, num_gpus=num_gpus, framework=framework)
+    except MemlibError as err:  # e.g. a sequence longer than the model's positions, pytorch with ZeRO-2
         result = f'<p class="memlib-live-refused">refused: {_e(err)}</p>'
         return _root("training", controls, result, live, _STATIC_NOTE)
     parts = peak_composition(est)
@@ -485,14 +488,16 @@ def _plan(params: Mapping[str, Any], live: bool) -> str:
     memory = float(_choice(params, "gpu_memory_gib", 80.0, PLAN_GPU_GIB))
     batch_size = int(_choice(params, "batch_size", 4, PLAN_BATCH))
     seq_len = int(_choice(params, "seq_len", 2048, PLAN_SEQ))
+    framework = _choice(params, "framework", "pytorch", FRAMEWORKS)
     controls = (_select("model", "model", models, model, live) + _select("job", "job", JOBS, job, live)
+                + _select("framework", "framework", FRAMEWORKS, framework, live)
                 + _select("num_gpus", "GPUs", PLAN_GPUS, num_gpus, live)
                 + _select("gpu_memory_gib", "GPU memory (GiB)", PLAN_GPU_GIB, memory, live)
                 + _select("batch_size", "batch per GPU", PLAN_BATCH, batch_size, live)
                 + _select("seq_len", "sequence", PLAN_SEQ, seq_len, live))
     try:
         result = plan(model, job=job, num_gpus=num_gpus, gpu_memory=int(memory * GiB), batch_size=batch_size,
-                      seq_len=seq_len)
+                      seq_len=seq_len, framework=framework)
     except MemlibError as err:  # e.g. a sequence longer than the model's positions
         return _root("plan", controls, f'<p class="memlib-live-refused">refused: {_e(err)}</p>', live, _STATIC_NOTE)
     rows = "".join(

@@ -1,0 +1,160 @@
+"""Each framework's layout (memlib.core.frameworks): bytes per parameter, sharding, step temporaries, offload traffic."""
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memlib.cli import main
+from memlib.core.configs import load_config
+from memlib.core.errors import MemlibError
+from memlib.core.estimate import estimate_training, optimizer_step_bytes, state_bytes_per_param
+from memlib.core.frameworks import (DS_REDUCE_BUCKET, GRAD_SCALER_BYTES, bucket_bytes, gathered_bytes,
+                                    layout_bytes, state_bytes)
+from memlib.core.offload import offload_traffic
+from memlib.core.params import count_params
+from memlib.core.setup import TrainingSetup
+from memlib.core.zero import TABLE1_DP, TABLE1_PARAMS, table1
+
+PSI = 10**9
+N7 = count_params(load_config("llama-2-7b")).params
+
+
+def _bpp(framework: str, precision: str = "bf16-mixed", **kw: object) -> tuple[float, float, float]:
+    e = estimate_training(params=PSI, precision=precision, framework=framework, **kw)
+    return e.params_bytes / PSI, e.grads_bytes / PSI, e.optimizer_bytes / PSI
+
+
+def test_table1_exact_through_the_cli(capsys: pytest.CaptureFixture) -> None:
+    cells = {(c.params, c.dp, c.stage): c.bytes for c in table1()}
+    assert all(c.match for c in table1())
+    for psi in TABLE1_PARAMS:
+        for dp in (1, 16, 1024):
+            for z in (1, 2, 3):
+                assert main(["train", "--params", str(psi), "--precision", "bf16-mixed", "--optimizer", "adamw",
+                             "--zero", str(z), "--gpus", str(dp), "--framework", "deepspeed", "--json"]) == 0
+                data = json.loads(capsys.readouterr().out)
+                assert data["total_bytes"] == cells[(psi, dp, z)]
+                assert data["settings"]["framework"] == "deepspeed"
+    assert set(TABLE1_DP) >= {1, 16, 1024}
+
+
+def test_bytes_per_param_per_framework() -> None:
+    assert _bpp("pytorch") == (4, 4, 8)  # AMP: fp32 params are the master
+    assert _bpp("deepspeed") == (2, 2, 12)  # the ZeRO paper's 2 + 2 + 12
+    assert _bpp("megatron") == (2, 4, 12)  # fp32 main_grad: 18 B/param
+    assert sum(_bpp("megatron", zero_stage=1, num_gpus=8)) == pytest.approx(6 + 12 / 8)
+    assert _bpp("fsdp2", zero_stage=3, num_gpus=8) == (0.5, 0.5, 1.0)  # (4 + 4 + 8) / 8
+    assert _bpp("pytorch", zero_stage=1, num_gpus=4) == (4, 4, 2)  # ZeroRedundancyOptimizer: Adam only
+    assert _bpp("pytorch", precision="bf16") == (2, 2, 4)
+    assert _bpp("pytorch", precision="fp32") == _bpp("deepspeed", precision="fp32") == (4, 4, 8)
+    fp16 = estimate_training(params=PSI, precision="fp16-mixed")
+    assert fp16.optimizer_bytes == 8 * PSI + GRAD_SCALER_BYTES  # GradScaler's scale, growth tracker, found_inf
+    assert state_bytes_per_param("bf16-mixed", "adamw") == (2, 2, 12)
+    assert state_bytes_per_param("bf16-mixed", "adamw", "pytorch") == (4, 4, 8)
+    assert layout_bytes("megatron", "bf16-mixed") == (2, 4, 4, 4)
+
+
+def test_llama7b_amp_foreach_step_is_20_bytes_per_param() -> None:
+    kw = dict(batch_size=1, seq_len=4096, recompute="full", precision="bf16-mixed")
+    foreach = estimate_training("llama-2-7b", **kw)
+    assert foreach.peak_phase == "optimizer"
+    assert foreach.total_bytes / N7 == pytest.approx(20, rel=0.01)
+    assert foreach.temp_bytes == 4 * N7  # _foreach_sqrt(exp_avg_sq) in fp32
+    fused = estimate_training("llama-2-7b", optimizer_impl="fused", **kw)
+    assert fused.total_bytes / N7 == pytest.approx(16, rel=0.03)
+    assert fused.total_bytes < foreach.total_bytes
+    zro = estimate_training("llama-2-7b", zero_stage=1, num_gpus=8, **kw)
+    assert zro.settings["framework"] == "pytorch"
+    cfg = load_config("llama-2-7b")
+    assert optimizer_step_bytes(cfg, TrainingSetup(zero_stage=1, num_gpus=8), 4 * N7, N7, N7) == -(-4 * N7 // 8)
+
+
+def test_deepspeed_fp32_gradient_partition_and_bucket() -> None:
+    cfg = load_config("llama-2-7b")
+    for z, n in ((0, 1), (1, 8), (2, 8)):
+        s = TrainingSetup(framework="deepspeed", zero_stage=z, num_gpus=n)
+        assert optimizer_step_bytes(cfg, s, 0, N7, N7) == 4 * -(-N7 // n)  # single_grad_partition in fp32
+    s3 = TrainingSetup(framework="deepspeed", zero_stage=3, num_gpus=2)
+    assert optimizer_step_bytes(cfg, s3, 0, N7, N7) == 4 * 10**9  # one sub-group of 1e9 elements at a time
+    assert bucket_bytes(TrainingSetup(framework="deepspeed", zero_stage=2, num_gpus=8)) == (2 * DS_REDUCE_BUCKET, 0)
+    assert bucket_bytes(s3) == (2 * DS_REDUCE_BUCKET, 2 * DS_REDUCE_BUCKET)
+    assert bucket_bytes(TrainingSetup(zero_stage=1, num_gpus=8)) == (0, 0)
+    off = TrainingSetup(framework="deepspeed", zero_stage=2, num_gpus=8, offload="optimizer")
+    assert optimizer_step_bytes(cfg, off, 0, N7, N7) == 0 and bucket_bytes(off) == (0, 0)
+
+
+def test_megatron_step_has_no_temporary_and_fsdp2_working_set() -> None:
+    cfg = load_config("llama-2-7b")
+    assert optimizer_step_bytes(cfg, TrainingSetup(framework="megatron"), 0, N7, N7) == 0
+    layer = count_params(cfg).per_layer
+    big = max(layer, cfg.vocab_size * cfg.hidden_size)
+    s3 = TrainingSetup(framework="fsdp2", zero_stage=3, num_gpus=8)
+    assert gathered_bytes(cfg, layer, 0, N7, N7, s3) == (2 * 2 * big, (2 + 4) * big)
+    s2 = TrainingSetup(framework="fsdp2", zero_stage=2, num_gpus=8)
+    assert gathered_bytes(cfg, layer, 0, N7, N7, s2)[0] == 2 * N7  # reshard_after_forward=False keeps them all
+    e = estimate_training("llama-2-7b", framework="fsdp2", zero_stage=3, num_gpus=8, seq_len=1024)
+    assert e.params_bytes == -(-4 * N7 // 8) + 4 * big
+    assert optimizer_step_bytes(cfg, s3, 0, N7, N7) == -(-4 * N7 // 8)
+
+
+def test_deepspeed_offload_traffic_is_6_psi() -> None:
+    ds = offload_traffic(N7, "optimizer")
+    paper = offload_traffic(N7, "optimizer", implementation="zero-offload-paper")
+    assert ds.link_bytes == 6 * N7 and paper.link_bytes == 4 * N7
+    assert round(ds.link_bytes / 1e9, 1) == 40.4 and round(paper.link_bytes / 1e9) == 27
+    with pytest.raises(MemlibError, match="zero-offload-paper"):
+        offload_traffic(N7, "params+optimizer", implementation="zero-offload-paper")
+
+
+@pytest.mark.parametrize("args", [["--framework", "pytorch", "--zero", "2", "--gpus", "8"],
+                                  ["--framework", "fsdp2", "--zero", "1", "--gpus", "8"],
+                                  ["--framework", "megatron", "--offload", "optimizer"],
+                                  ["--framework", "deepspeed", "--tp", "2", "--gpus", "2"]])
+def test_cli_bad_combination_exits_2(args: list[str]) -> None:
+    res = subprocess.run([sys.executable, "-m", "memlib", "train", "--params", "1000000000", *args],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert "valid combinations" in res.stderr
+
+
+def test_framework_without_the_rung_is_refused_in_the_api() -> None:
+    with pytest.raises(MemlibError, match="does not support zero 3"):
+        TrainingSetup(zero_stage=3, num_gpus=8)
+    with pytest.raises(MemlibError, match="ep parallelism with zero 3"):
+        TrainingSetup(framework="deepspeed", zero_stage=3, num_gpus=8, ep=2)
+    assert TrainingSetup(framework="deepspeed", zero_stage=2, num_gpus=8, ep=2).parallel_degrees == ("ep",)
+
+
+@settings(max_examples=40, deadline=None)
+@given(fw=st.sampled_from(["pytorch", "deepspeed", "fsdp2", "megatron"]), zero=st.integers(0, 3),
+       n=st.integers(1, 64), psi=st.integers(10**6, 10**12),
+       precision=st.sampled_from(["fp32", "bf16-mixed", "fp16-mixed", "bf16"]))
+def test_sharded_states_do_not_grow_with_gpus(fw: str, zero: int, n: int, psi: int, precision: str) -> None:
+    try:
+        a = estimate_training(params=psi, framework=fw, zero_stage=zero, num_gpus=n, precision=precision)
+    except MemlibError:
+        return  # a stage the framework does not have
+    b = estimate_training(params=psi, framework=fw, zero_stage=zero, num_gpus=2 * n, precision=precision)
+    assert b.total_bytes <= a.total_bytes
+    w, g, k = state_bytes(fw, precision, "adamw")
+    assert a.total_bytes <= (w + g + k) * psi + GRAD_SCALER_BYTES
+
+
+@settings(max_examples=25, deadline=None)
+@given(fw=st.sampled_from(["pytorch", "fsdp2"]), n=st.sampled_from([1, 2, 8]),
+       model=st.sampled_from(["llama-2-7b", "qwen2-0.5b", "gpt2"]),
+       precision=st.sampled_from(["fp32", "bf16-mixed", "bf16"]))
+def test_fused_step_never_exceeds_foreach(fw: str, n: int, model: str, precision: str) -> None:
+    cfg = load_config(model)
+    pc = count_params(cfg)
+    zero = 3 if fw == "fsdp2" else (1 if n > 1 else 0)
+    s = TrainingSetup(framework=fw, zero_stage=zero, num_gpus=n, precision=precision)
+    from dataclasses import replace
+
+    fused = optimizer_step_bytes(cfg, replace(s, optimizer_impl="fused"), 0, pc.params, pc.params)
+    foreach = optimizer_step_bytes(cfg, s, 0, pc.params, pc.params)
+    assert fused == 0 <= foreach
