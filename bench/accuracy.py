@@ -15,6 +15,12 @@ target ≤ 10 %). ``--only gemma2,phi3`` restricts both tables to those model ty
 ``--optimizer-impl [foreach,fused,for-loop]``: per torch.optim.AdamW implementation, the estimate vs the trace of
 tiny Llama/Qwen2/Gemma configs (meta and CPU) and of Llama-2-7B and Qwen2.5-7B (meta), pure bf16 and bf16-mixed
 (:func:`optimizer_impls`).
+
+``--frameworks``: issue 17's targets (:func:`frameworks`): every traced framework recipe (PyTorch AMP with torch.autocast
+and each AdamW implementation, pure bf16, fp32, DeepSpeed's 16-bit model with fp32 master) estimated vs real CPU traces
+of tiny Llama/Qwen2/Gemma configs, eager and sdpa, no recomputation and full (target: within 3 %); and Llama-2-7B,
+PyTorch AMP, 1 × 4096 tokens, full recomputation: the optimizer-step peak in bytes per parameter (target 20 ± 1 % with
+foreach, about 16 with fused).
 """
 from __future__ import annotations
 
@@ -233,6 +239,51 @@ def optimizer_impls(impls: tuple[str, ...], shipped: tuple[str, ...] = IMPL_SHIP
     return 0 if worst <= 1 else 1
 
 
+#: The traced recipes of ``--frameworks``: (framework, precision, AdamW implementation).
+FRAMEWORK_RECIPES: tuple[tuple[str, str, str], ...] = (
+    ("pytorch", "bf16-mixed", "foreach"), ("pytorch", "bf16-mixed", "fused"), ("pytorch", "bf16-mixed", "for-loop"),
+    ("pytorch", "fp16-mixed", "foreach"), ("pytorch", "bf16", "foreach"), ("pytorch", "fp32", "foreach"),
+    ("deepspeed", "bf16-mixed", "foreach"),
+)
+
+
+def frameworks() -> int:
+    """Issue 17's targets: every framework recipe vs real CPU traces; Llama-2-7B's bytes per parameter."""
+    errors: list[float] = []
+    print("| model | framework | precision | impl | attention | recompute | estimate | CPU trace | error % |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, cfg in IMPL_TINY.items():
+        for framework, precision, impl in FRAMEWORK_RECIPES:
+            for attention in ("eager", "sdpa"):
+                for recompute in ("none", "full"):
+                    kw: dict[str, Any] = dict(batch_size=2, seq_len=64, precision=precision, optimizer="adamw",
+                                              attention=attention, recompute=recompute, optimizer_impl=impl,
+                                              framework=framework)
+                    est = estimate_training(cfg, **kw)
+                    traced = trace_training(cfg, device="cpu", **kw)
+                    err = 100 * (est.total_bytes - traced.peak_bytes) / traced.peak_bytes
+                    errors.append(abs(err))
+                    print(f"| {name} | {framework} | {precision} | {impl} | {attention} | {recompute} | "
+                          f"{_size(est.total_bytes)} | {_size(traced.peak_bytes)} | {err:+.2f} |", flush=True)
+    worst = max(errors)
+    print(f"\nrecipes vs CPU traces: {len(errors)} cases, max |error| {worst:.2f} % (target ≤ 3 %)")
+    ok = worst <= 3
+    n = count_params("llama-2-7b").params
+    print("\n| Llama-2-7B, 1 × 4096, full recomputation | impl | estimate B/param | meta trace B/param | target |")
+    print("|---|---|---|---|---|")
+    for impl, target, tol in (("foreach", 20.0, 0.01), ("fused", 16.0, 0.05)):
+        kw = dict(batch_size=1, seq_len=4096, precision="bf16-mixed", optimizer="adamw", attention="sdpa",
+                  recompute="full", optimizer_impl=impl, framework="pytorch")
+        est = estimate_training("llama-2-7b", **kw)
+        traced = trace_training("llama-2-7b", **kw)
+        per_est, per_trace = est.total_bytes / n, traced.peak_bytes / n
+        hit = abs(per_est - target) <= tol * target and abs(per_trace - target) <= tol * target
+        ok = ok and hit
+        print(f"| PyTorch AMP | {impl} | {per_est:.2f} | {per_trace:.2f} | {target:.0f} ± {tol:.0%}: {hit} |",
+              flush=True)
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=",".join(shipped_models()))
@@ -242,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="with --families: these model_types only (comma-separated)")
     parser.add_argument("--optimizer-impl", nargs="?", const=",".join(OPTIMIZER_IMPLS), default=None,
                         help="instead: estimate vs trace per AdamW implementation (comma-separated, default all)")
+    parser.add_argument("--frameworks", action="store_true",
+                        help="instead: issue 17's framework recipes vs CPU traces and Llama-2-7B's bytes per parameter")
     args = parser.parse_args(argv)
+    if args.frameworks:
+        return frameworks()
     if args.optimizer_impl is not None:
         impls = tuple(i for i in args.optimizer_impl.split(",") if i)
         try:

@@ -18,10 +18,7 @@ def test_estimate_fields_are_the_category_names() -> None:
     assert MemCategory.BUFFER not in ESTIMATED_CATEGORIES and "buffers_bytes" not in fields
 
 
-AMP_PENDING = pytest.mark.xfail(strict=True, reason="issue 17: trace_training's bf16-mixed runs PyTorch AMP (fp32 weights and grads) now; the estimator's framework layouts land separately")
-
-
-@pytest.mark.parametrize("kw", [pytest.param(dict(precision="bf16-mixed", seq_len=256), marks=AMP_PENDING),
+@pytest.mark.parametrize("kw", [dict(precision="bf16-mixed", seq_len=256, framework="deepspeed"),
                                 dict(precision="fp32", seq_len=64),
                                 dict(precision="bf16", optimizer="sgd", seq_len=512)])
 def test_estimate_and_trace_speak_the_same_words(kw: dict) -> None:

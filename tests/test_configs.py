@@ -45,11 +45,6 @@ SHIPPED_PARAMS = {
 }
 
 
-_LEGACY_TRACE = pytest.mark.xfail(reason="the trace still runs the pre-issue-17 mixed recipe (16-bit model, per-tensor "
-                                   "fp32 master); the estimator follows a framework (PyTorch AMP by default): they "
-                                   "agree again once memlib.measure.trace runs torch.autocast (issue 17, trace side)")
-
-
 @pytest.mark.parametrize("family", sorted(TINY))
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_any_family_traces_on_meta_as_on_cpu(family: str, attention: str) -> None:
@@ -142,10 +137,7 @@ def test_estimator_refuses_families_it_has_not_derived() -> None:
         estimate_training({**BASE, "model_type": "starcoder2"})
 
 
-AMP_PENDING = pytest.mark.xfail(strict=True, reason="issue 17: trace_training's bf16-mixed runs PyTorch AMP (fp32 weights and grads) now; the estimator's framework layouts land separately")
-
-
-@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-mixed", marks=AMP_PENDING), "fp32"])
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed", "fp32"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_qwen3_and_olmo2_estimates_equal_traces(precision: str, attention: str) -> None:
     # Qwen3: q_norm and k_norm keep their fp32 inputs, rsqrt and normalized outputs (all Qwen3 adds to Llama).
@@ -164,7 +156,7 @@ def test_olmo2_lora_is_not_estimated() -> None:
         estimate_training("olmo-2-7b", method="lora")
 
 
-@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-mixed", marks=AMP_PENDING)])
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_gemma_fp32_norm_copies_are_estimated(precision: str, attention: str) -> None:
     # GemmaRMSNorm multiplies by (1 + w) in fp32: its fp32 normalized tensor is kept, ≈ (4 − 2)·b·s·h per norm
@@ -193,7 +185,7 @@ def test_build_model_of_another_family() -> None:
     assert type(net).__name__ == "Olmo2ForCausalLM" and net.training
 
 
-@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-mixed", marks=AMP_PENDING)])
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
 def test_sliding_window_sdpa_mask_is_estimated(precision: str) -> None:
     # From seq_len = window on, each layer keeps an additive (b, 1, s, s) mask and k, v repeated to all heads
     for batch, seq in ((1, 4095), (1, 4096), (2, 8192)):

@@ -57,11 +57,8 @@ def test_pure_bf16_temporaries_follow_torch_source() -> None:
     assert peaks["fused"] < peaks["for-loop"] < peaks["foreach"]
 
 
-AMP_PENDING = pytest.mark.xfail(strict=True, reason="issue 17: trace_training's bf16-mixed runs PyTorch AMP (fp32 weights and grads) now; the estimator's framework layouts land separately")
-
-
 @pytest.mark.parametrize("family", sorted(TINY))
-@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-mixed", marks=AMP_PENDING)])
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
 @pytest.mark.parametrize("impl", OPTIMIZER_IMPLS)
 def test_estimate_matches_trace(family: str, precision: str, impl: str) -> None:
     pytest.importorskip("torch")

@@ -105,8 +105,8 @@ def zero_states(params: int, stage: int, num_gpus: int, *, precision: str = "fp1
                 optimizer: str = "adamw") -> ZeroStates:
     """Per-GPU model states and communication volume of a ZeRO stage (ZeRO paper §5, §7).
 
-    Introduced in Chapter 6. The bytes are :func:`memlib.core.estimate.estimate_training`'s (``params=`` mode),
-    so the chapter's numbers and the estimator cannot drift apart.
+    Introduced in Chapter 6. The bytes are :func:`memlib.core.estimate.estimate_training`'s (``params=`` mode,
+    ``framework="deepspeed"``: DeepSpeed is the paper's implementation), so the chapter's numbers and the estimator cannot drift apart.
 
     Args:
         params: parameter count Ψ.
@@ -120,7 +120,7 @@ def zero_states(params: int, stage: int, num_gpus: int, *, precision: str = "fp1
     """
     check_choice("zero stage", stage, STAGES)
     est = estimate_training(params=params, zero_stage=stage, num_gpus=num_gpus, precision=precision,
-                            optimizer=optimizer)
+                            optimizer=optimizer, framework="deepspeed")
     return ZeroStates(stage, num_gpus, est.params_bytes, est.grads_bytes, est.optimizer_bytes,
                       comm_volume(stage, params))
 

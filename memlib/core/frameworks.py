@@ -245,8 +245,11 @@ def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n
       SGD (in place) and bitsandbytes' adamw-8bit (its own kernels) have none.
     * deepspeed: its default optimizer is ``FusedAdam`` (``deepspeed/ops/adam/fused_adam.py``, no temporary;
       ``optimizer_impl`` is ignored). Stages 0–2: ``DeepSpeedZeroOptimizer.step`` flattens the rank's gradient
-      partition in fp32 (``single_grad_partition = flat_grad_partition.to(fp32)``, assigned to
-      ``single_partition_of_fp32_groups[i].grad`` and freed after the step): 4·Ψ/N (2 bytes in pure bf16).
+      partition and converts it to fp32 (``single_grad_partition = self.flatten_dense_tensors_aligned(
+      self.averaged_gradients[i], ...).to(fp32)``, assigned to ``single_partition_of_fp32_groups[i].grad``, freed
+      after the step): the flat 16-bit copy ``torch.cat`` makes and its fp32 conversion coexist, 2·Ψ/N + 4·Ψ/N in
+      mixed precision (the flat copy alone when the dtype already matches); the trace's DeepSpeed recipe
+      (:mod:`memlib.measure.recipes`) holds the same.
       Stage 3 (``stage3.py``, ``_prepare_fp32_grad_for_sub_group``) does it one sub-group at a time:
       4·min(``sub_group_size`` = 10⁹, ⌈Ψ/N⌉). Stage 0 is ``BF16_Optimizer``/``FP16_Optimizer`` in mixed
       precision (the same fp32 flatten, N = 1) and the bare optimizer in fp32 or pure bf16 (0).
@@ -261,9 +264,12 @@ def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n
     if fw == "deepspeed":
         if setup.zero_stage == 0 and setup.precision in ("fp32", "bf16"):
             return 0  # no ZeRO optimizer wrapper: the client's optimizer steps the parameters
-        v_bytes = 2 if setup.precision == "bf16" and setup.method == "full" else 4
         part = -(-n_step // setup.shards)
-        return v_bytes * (min(DS_SUB_GROUP_SIZE, part) if setup.zero_stage == 3 else part)
+        if setup.zero_stage == 3:
+            v_bytes = 2 if setup.precision == "bf16" and setup.method == "full" else 4
+            return v_bytes * min(DS_SUB_GROUP_SIZE, part)
+        flat = 4 if setup.precision == "fp32" or setup.method != "full" else 2  # torch.cat's flat copy
+        return (flat + (4 if setup.precision.endswith("-mixed") else 0)) * part  # + its fp32 conversion
     if setup.optimizer != "adamw" or impl == "fused":
         return 0
     shards = n_gpus if fw == "fsdp2" else setup.shards
