@@ -15,6 +15,7 @@ from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS
 from ..core.estimate import estimate_inference, state_bytes_per_param
 from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
+from ..core.estimate import estimate_training as estimate_framework  # any framework, named at each call
 from ..core.flops import matmul_params, palm_flops
 from ..core.hardware import get_gpu
 from ..core.inference import forward_activation_bytes, reserve_bytes, serving_fit
@@ -139,10 +140,17 @@ def answer_numbers() -> dict[str, Number]:
     st8 = estimate_training("llama-7b", optimizer="adamw-8bit")
     put("states7_8bit", _gb(st8.model_states_bytes), "estimate_training('llama-7b', optimizer='adamw-8bit')"
         ".model_states_bytes")
-    for rec in ("none", "full"):
-        e = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, optimizer="adamw-8bit", recompute=rec)
+    for rec in ("none", "full"):  # one GPU: plain PyTorch AMP (torch.autocast), no DeepSpeed
+        e = estimate_framework("llama-2-7b", batch_size=1, seq_len=4096, optimizer="adamw-8bit", recompute=rec,
+                               framework="pytorch")
         put(f"single7_8bit_{rec}", _gb(e.total_bytes), f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, "
-            f"optimizer='adamw-8bit', recompute='{rec}').total_bytes")
+            f"optimizer='adamw-8bit', recompute='{rec}', framework='pytorch').total_bytes")
+    for impl in ("foreach", "fused"):  # PyTorch AMP's peak per parameter, by torch.optim.AdamW implementation
+        e = estimate_framework("llama-2-7b", batch_size=1, seq_len=4096, recompute="full", optimizer_impl=impl,
+                               framework="pytorch")
+        put(f"amp7_bpp_{impl}", f"{e.total_bytes / e.settings['params']:.0f}",
+            f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, recompute='full', optimizer_impl='{impl}', "
+            "framework='pytorch').total_bytes / params")
     put("bpp_8bit", f"{sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit')):g}",
         "sum(state_bytes_per_param('bf16-mixed', 'adamw-8bit'))")
     put("bpp_sgd", f"{sum(state_bytes_per_param('bf16-mixed', 'sgd')):g}",
@@ -174,12 +182,14 @@ def answer_numbers() -> dict[str, Number]:
            "num_key_value_heads": 64, "intermediate_size": 22016}
     kw65: dict[str, Any] = dict(method="qlora", lora_rank=64, precision="bf16-mixed", batch_size=1, seq_len=512,
                                 recompute="full")
-    q32, q8 = (estimate_training(l65, optimizer=o, **kw65) for o in ("adamw", "adamw-8bit"))
+    # peft + bitsandbytes on one GPU: plain PyTorch AMP, as Chapter 9's table
+    q32, q8 = (estimate_framework(l65, optimizer=o, framework="pytorch", **kw65) for o in ("adamw", "adamw-8bit"))
     put("nf4_65", _gb(qlora_base_bytes(l65), 2), "qlora_base_bytes(LLaMA-65B): NF4 decoder matrices, bf16 rest")
     put("lora65_r64", f"{q32.settings['trainable_params'] / 1e9:.2f} B",
         "estimate_training(LLaMA-65B, method='qlora', lora_rank=64).settings['trainable_params']")
     put("qlora65_need32", _gib(q32.total_bytes + reserve_bytes(q32.total_bytes)),
-        "QLoRA r = 64, 32-bit AdamW, batch 1 × 512, full recompute: total_bytes + reserve_bytes(total_bytes)")
+        "QLoRA r = 64, 32-bit AdamW, batch 1 × 512, full recompute, framework='pytorch': total_bytes + "
+        "reserve_bytes(total_bytes)")
     put("qlora65_need8", _gib(q8.total_bytes + reserve_bytes(q8.total_bytes)),
         "the same with optimizer='adamw-8bit'")
     # attention matrix, LLaMA-7B at 8192 tokens, fp16

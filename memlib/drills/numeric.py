@@ -32,8 +32,9 @@ _TRAIN_MODELS = ("gpt2", "gpt2-xl", "qwen2-0.5b", "gemma-2b", "llama-2-7b", "mis
                  "llama-2-13b")
 _INFER_MODELS = ("qwen2-0.5b", "gemma-2b", "llama-2-7b", "mistral-7b", "llama-3-8b", "llama-2-13b",
                  "llama-2-70b", "llama-3-70b")
-_PRECISION_WORDS = {"fp32": "fp32", "fp16-mixed": "fp16 mixed precision", "bf16-mixed": "bf16 mixed precision",
-                    "bf16": "pure bf16 (no fp32 master weights)"}
+# The drills count states in DeepSpeed's layout (:mod:`memlib.drills.engine`); the question names it.
+_PRECISION_WORDS = {"fp32": "fp32", "fp16-mixed": "fp16 mixed precision in DeepSpeed",
+                    "bf16-mixed": "bf16 mixed precision in DeepSpeed", "bf16": "pure bf16 (no fp32 master weights)"}
 _OPT_WORDS = {"sgd": "plain SGD", "sgd-momentum": "SGD with momentum", "adamw": "AdamW",
               "adamw-8bit": "8-bit AdamW (bitsandbytes)"}
 
@@ -156,7 +157,7 @@ def _activations(rng: random.Random, seed: int) -> Drill:
     attention = rng.choice(("sdpa", "eager"))
     acts = korthikanti_bytes(model, b, s, attention, recompute)
     e = estimate_training(model, batch_size=b, seq_len=s, recompute=recompute, attention=attention)
-    q = (f"{model} ({_shape_words(model)}) in bf16 mixed precision at batch {b} × {s} tokens with "
+    q = (f"{model} ({_shape_words(model)}) in bf16 mixed precision in DeepSpeed at batch {b} × {s} tokens with "
          f"{_ATTENTION_WORDS[attention]} and {_RECOMPUTE_WORDS[recompute]}: how many GB (10⁹ bytes) of "
          f"activations do its layers save for the backward pass? {KORTHIKANTI_RULE}")
     how = (f"korthikanti_bytes('{model}', {b}, {s}, '{attention}', '{recompute}'). For comparison, memlib's "
@@ -213,7 +214,8 @@ def _zero_min_gpus(rng: random.Random, seed: int) -> Drill:
         if fits:
             break
     n = fits[0]
-    q = (f"A {billions}B-parameter model, bf16 mixed precision, {_OPT_WORDS[optimizer]}, ZeRO stage {stage}. "
+    q = (f"A {billions}B-parameter model, bf16 mixed precision in DeepSpeed, {_OPT_WORDS[optimizer]}, "
+         f"ZeRO stage {stage}. "
          f"What is the smallest power-of-two number of {mem} GiB GPUs on which the model states alone (no "
          f"activations) fit?")
     per = estimate_training(params=billions * 10**9, optimizer=optimizer, zero_stage=stage, num_gpus=n).total_bytes
@@ -351,7 +353,8 @@ def _adam8bit_saving(rng: random.Random, seed: int) -> Drill:
     gpus = 1 if stage == 0 else rng.choice((4, 8))
     a = estimate_training(model, zero_stage=stage, num_gpus=gpus).optimizer_bytes
     b = estimate_training(model, optimizer="adamw-8bit", zero_stage=stage, num_gpus=gpus).optimizer_bytes
-    q = (f"Training {model} with bf16 mixed precision, {_zero_words(stage, gpus)}: how many GB (10⁹ bytes) of "
+    q = (f"Training {model} with bf16 mixed precision in DeepSpeed, {_zero_words(stage, gpus)}: how many GB "
+         f"(10⁹ bytes) of "
          f"optimizer state per GPU does switching from AdamW to bitsandbytes' 8-bit AdamW save?")
     how = (f"estimate_training('{model}', zero_stage={stage}, num_gpus={gpus}).optimizer_bytes: "
            f"{_gb(a, 2)} (adamw) − {_gb(b, 2)} (adamw-8bit: m, v in 8 bits + absmax per 256, small tensors 32-bit)")
