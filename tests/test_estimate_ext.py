@@ -49,7 +49,8 @@ def test_qlora_base_bytes_double_quant_bits() -> None:
 
 
 def test_lora_and_qlora_states() -> None:
-    full = estimate_training("llama-2-7b", batch_size=1, seq_len=512)
+    # full fine-tuning of the 16-bit model LoRA freezes (DeepSpeed's layout: no autocast weight copies)
+    full = estimate_training("llama-2-7b", batch_size=1, seq_len=512, framework="deepspeed")
     lora = estimate_training("llama-2-7b", batch_size=1, seq_len=512, method="lora")
     qlora = estimate_training("llama-2-7b", batch_size=1, seq_len=512, method="qlora")
     n_t = 39_976_960
@@ -73,13 +74,15 @@ def test_method_needs_a_model() -> None:
 
 
 def test_checkpoint_every_one_is_full_recompute_and_sqrt_n_is_the_optimum() -> None:
-    base = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute="full")
+    # a 16-bit model (DeepSpeed's layout): each kept layer input is 2·b·s·h (4·b·s·h under PyTorch AMP)
+    base = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute="full", framework="deepspeed")
     assert estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute="full",
-                             checkpoint_every=1) == base
+                             checkpoint_every=1, framework="deepspeed") == base
     L = 32
     acts = {}
     for k in range(1, L + 1):
-        est = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute="full", checkpoint_every=k)
+        est = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute="full", checkpoint_every=k,
+                                framework="deepspeed")
         acts[k] = est.activations_bytes
     # stored inputs shrink as ceil(L/k): the saved activations never grow with k
     assert all(acts[k + 1] <= acts[k] for k in range(1, L))
