@@ -109,15 +109,17 @@ BOOK = MEMLIB / "_book"
 #: The public layers, none of which may import the book helpers (only notebooks, tests and lab scripts may).
 PUBLIC = ("core", "measure", "viz", "drills")
 NOTEBOOK_DIRS = ("chapters", "labs", "drills")
-_ISSUE_17 = "left in place: issue 17 work in progress in this module"
+_OFFLOAD_API = "the offload model's public questions (where states rest, tokens that hide the traffic, largest model)"
 _VIZ = "the chapter's figure or widget, drawn by the viz layer (which may not import memlib._book)"
 #: Public names one notebook uses and nothing else in memlib, kept public on purpose; each entry says why.
 SINGLE_NOTEBOOK_ALLOWED: dict[str, str] = {
-    # left in place: issue 17 work in progress in this module (Chapter 7's offload model, Chapter 13's planner)
-    "memlib.core.offload.placement": _ISSUE_17,
-    "memlib.core.offload.hiding_tokens": _ISSUE_17,
-    "memlib.core.offload.max_params_that_fit": _ISSUE_17,
-    "memlib.core.plan.PRIORITY": _ISSUE_17,
+    # the offload model answers three questions an engineer asks outside the book too (tests/test_offload.py checks
+    # them against the ZeRO-Offload/Infinity papers and DeepSpeed's estimators); Chapter 7 is where they are taught
+    "memlib.core.offload.placement": _OFFLOAD_API,
+    "memlib.core.offload.hiding_tokens": _OFFLOAD_API,
+    "memlib.core.offload.max_params_that_fit": _OFFLOAD_API,
+    # the planner's rung order is part of plan()'s contract (tests/test_plan.py checks every ladder follows it)
+    "memlib.core.plan.PRIORITY": "the planner's rung order, part of plan()'s documented contract",
     # the chapters' figures and calculators: viz's own product, one per chapter by design
     "memlib.viz.plots.estimate_vs_trace_figure": _VIZ,
     "memlib.viz.plots_inference.serving_breakdown_figure": _VIZ,
