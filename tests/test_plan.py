@@ -159,13 +159,13 @@ def test_tensor_parallel_must_suit_the_heads() -> None:
 
 
 def test_train_is_not_silently_lora() -> None:
-    # issue: full fine-tuning of Llama-3-8B on one H100 at 8k tokens fits with pure bf16 + 8-bit AdamW (50.1 GB)
+    # issue: full fine-tuning of Llama-3-8B on one H100 at 8k tokens fits with pure bf16 + 8-bit AdamW (49.2 GB)
     # DeepSpeed's ladder (ZeRO-3 before pure bf16); PyTorch's fits at 8-bit AdamW already
     p = plan("llama-3-8b", gpu_memory=get_gpu("h100-sxm").memory_bytes, batch_size=1, seq_len=8192,
              framework="deepspeed")
     assert p.fits and p.chosen.settings["method"] == "full" and not p.notes
     rung = next(s for s in p.steps if s.technique == "pure bf16")
-    assert rung.fits and rung.settings["optimizer"] == "adamw-8bit" and round(rung.per_gpu_bytes / GB, 1) == 50.1
+    assert rung.fits and rung.settings["optimizer"] == "adamw-8bit" and round(rung.per_gpu_bytes / GB, 1) == 49.2
     assert p.chosen.settings["precision"] == "bf16" and p.chosen.total_bytes <= 80 * GiB  # 8-bit AdamW pruned
     techniques = [s.technique for s in _ladder("llama-3-8b", dict(seq_len=8192, framework="deepspeed"))]
     assert techniques.index("CPU offload") < techniques.index("LoRA / QLoRA")

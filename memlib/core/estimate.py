@@ -228,8 +228,15 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
     * the top layer's backward: A − 4TV + the embedding/head gradients + the re-materialized segment + the
       MLP's backward temporaries, 3·e·T·f + 2·e·T·h (≈ (2e + 1)·b·a·s² for a recomputed eager attention core,
       measured in Chapter 4);
-    * the end: G (less the k − 1 layers of the bottom segment without gradients yet) + a tied embedding's
-      out-of-place gradient sum + the live segment.
+    * without full recomputation, the end: G (less the k − 1 layers of the bottom segment without gradients yet)
+      + a tied embedding's out-of-place gradient sum + the live layer;
+    * with full recomputation (checked against CPU and meta traces of pure fp32/bf16 steps), the bottom segment's
+      backward: what the forward left for it (its saved input, the rotary tables, the ids) + G less the bottom
+      segment's and (untied) the embedding's gradients + the re-materialized segment + down_proj's weight
+      gradient and two T·f gradients; with eager attention also the bottom layer's attention-core backward: the
+      MLP's, o_proj's and norm's gradients made, q/k/v and one norm's tensors kept, the fp32 probabilities with
+      their fp32 gradient and the softmax's (3 × the fp32 probabilities) and the attention output's gradient;
+      and the end: G + a tied embedding's out-of-place gradient sum + the small tensors left.
 
     MoE models without recomputation add the expert backward (:func:`memlib.core.families_moe.bottom_backward_bytes`).
     LoRA freezes the embedding and the head. torch.autocast: :func:`memlib.core.autocast.autocast_backward_peak`.
@@ -247,12 +254,28 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
     if setup.attention == "eager" and setup.recompute != "none":
         mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
     logsm = 4 * T * V
+    tied_sum = 2 * vh_grad if cfg.tie_word_embeddings else 0
     candidates = [
         activations + 2 * logsm,
         activations - logsm + e * T * V + e * T * h + vh_grad,
         activations - logsm + head_grad + live_layer + mlp_temp,
-        g_bytes - (k_seg - 1) * grad_per_layer + (2 * vh_grad if cfg.tie_word_embeddings else 0) + live_layer,
     ]
+    if setup.recompute == "full" and full:
+        outside = sum(t.bytes for t in acts.terms if not t.per_layer)
+        small = outside - sum(t.bytes for t in acts.terms if not t.per_layer and (
+            "final" in t.name or t.name.startswith("log-softmax")))
+        below = small + segment_input_bytes(cfg, setup, 1) + g_bytes - (0 if cfg.tie_word_embeddings else vh_grad)
+        bottom_temp = int(g_per_param * f * h) + 2 * e * T * f  # down_proj's weight gradient, 2 T·f gradients
+        candidates += [below - k_seg * grad_per_layer + live_layer + bottom_temp, g_bytes + tied_sum + small]
+        layer = {t.name: t.bytes for t in acts.terms if t.per_layer}
+        probs = layer.get("softmax probabilities (fp32)")
+        if setup.attention == "eager" and probs is not None:  # the bottom layer's attention-core backward
+            made = int(g_per_param * (3 * h * f + cfg.q_dim * h + h))  # its MLP's, o_proj's, norm's gradients
+            kept = sum(v for k, v in layer.items() if k.startswith("q")) + sum(
+                v for k, v in layer.items() if "RMSNorm" in k) // 2
+            candidates.append(below - grad_per_layer + made + kept + 3 * probs + e * T * h)
+    else:
+        candidates.append(g_bytes - (k_seg - 1) * grad_per_layer + tied_sum + live_layer)
     if (cfg.moe is not None or cfg.mla is not None) and setup.recompute == "none" and full:
         candidates.append(families_moe.bottom_backward_bytes(cfg, acts.terms, g_bytes, g_per_param, b=b, s=s,
                                                              attention=setup.attention))
