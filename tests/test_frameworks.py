@@ -11,6 +11,7 @@ from memlib.cli import main
 from memlib.core.configs import load_config
 from memlib.core.errors import MemlibError
 from memlib.core.estimate import estimate_training, optimizer_step_bytes, state_bytes_per_param
+from memlib.core.params import count_params
 from memlib.core.frameworks import (DS_REDUCE_BUCKET, GRAD_SCALER_BYTES, bucket_bytes, gathered_bytes,
                                     layout_bytes, state_bytes)
 from memlib.core.offload import offload_traffic
@@ -159,3 +160,13 @@ def test_fused_step_never_exceeds_foreach(fw: str, n: int, model: str, precision
     fused = optimizer_step_bytes(cfg, replace(s, optimizer_impl="fused"), 0, pc.params, pc.params)
     foreach = optimizer_step_bytes(cfg, s, 0, pc.params, pc.params)
     assert fused == 0 <= foreach
+
+
+def test_megatron_main_grad_is_live_through_the_backward_pass() -> None:
+    # Megatron's fp32 main_grad buffer exists before the backward pass starts: its backward peak holds all of
+    # it beside the saved activations, where PyTorch's gradients accumulate as activations are freed
+    kw = dict(batch_size=1, seq_len=4096, precision="bf16-mixed", optimizer="adamw", recompute="full")
+    mg = estimate_training("llama-2-7b", framework="megatron", **kw)
+    assert mg.peak_phase == "backward"
+    assert mg.total_bytes >= mg.params_bytes + mg.grads_bytes + mg.optimizer_bytes + mg.activations_bytes
+    assert mg.grads_bytes == 4 * count_params("llama-2-7b").params

@@ -384,7 +384,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, p_bytes + g_bytes + o_bytes, "states",
                                 settings, cpu_bytes)
     acts = saved_activations(cfg, setup)
-    backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
+    if setup.framework == "megatron":  # main_grad is one buffer, allocated with the model: all of it, all along
+        backward_extra = g_bytes + backward_peak_bytes(cfg, setup, acts, 0, n, n_train, layer_params)
+    else:
+        backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
     bucket_backward, bucket_step = bucket_bytes(setup)
     backward_extra += bucket_backward
     step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train) + bucket_step

@@ -21,7 +21,10 @@ parameter count, N the data-parallel ranks sharing the states (``setup.num_gpus`
 * **megatron** (Megatron-LM, docs "Distributed Optimizer"; ``megatron/core/distributed/
   param_and_grad_buffer.py``, ``megatron/core/optimizer/distrib_optimizer.py``): bf16 params 2 + the fp32
   ``main_grad`` buffer 4 + fp32 main params, m, v 12 = 18 bytes/param; the distributed optimizer (ZeRO-1
-  here) shards the 12: 6 + 12/d.
+  here) shards the 12: 6 + 12/d. ``main_grad`` is one buffer, allocated with the model (``_ParamAndGradBuffer``);
+  each gradient is added into it as autograd makes it and then freed (``distributed_data_parallel.py``,
+  ``DistributedDataParallel._make_backward_post_hook``: ``param.main_grad.add_(param.grad.data)``,
+  ``param.grad = None``), so the whole 4 B/param is live through the backward pass, not only at the step.
 """
 from __future__ import annotations
 
