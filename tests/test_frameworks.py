@@ -170,3 +170,30 @@ def test_megatron_main_grad_is_live_through_the_backward_pass() -> None:
     assert mg.peak_phase == "backward"
     assert mg.total_bytes >= mg.params_bytes + mg.grads_bytes + mg.optimizer_bytes + mg.activations_bytes
     assert mg.grads_bytes == 4 * count_params("llama-2-7b").params
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_megatron_recipe_matches_its_estimate_on_cpu(attention: str, recompute: str) -> None:
+    from memlib.measure.trace import trace_training
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+    kw = dict(batch_size=2, seq_len=64, precision="bf16-mixed", optimizer="adamw", attention=attention,
+              recompute=recompute, framework="megatron")
+    est = estimate_training(cfg, **kw)
+    traced = trace_training(cfg, device="cpu", **kw)
+    assert traced.by_category["grads"] == 4 * count_params(cfg).params  # main_grad, live at the backward peak
+    assert est.peak_phase == traced.peak_phase == "backward"
+    assert abs(est.total_bytes - traced.peak_bytes) <= 0.01 * traced.peak_bytes
+
+
+def test_megatron_llama2_7b_meta_trace() -> None:
+    from memlib.measure.trace import trace_training
+
+    kw = dict(batch_size=1, seq_len=4096, precision="bf16-mixed", optimizer="adamw", recompute="full",
+              framework="megatron")
+    est, traced = estimate_training("llama-2-7b", **kw), trace_training("llama-2-7b", **kw)
+    assert abs(est.total_bytes - traced.peak_bytes) <= 1e-4 * traced.peak_bytes
+    with pytest.raises(MemlibError, match="framework 'megatron' traces mixed precision, not precision 'bf16'"):
+        trace_training("llama-2-7b", precision="bf16", framework="megatron")

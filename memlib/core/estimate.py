@@ -264,16 +264,20 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
         outside = sum(t.bytes for t in acts.terms if not t.per_layer)
         small = outside - sum(t.bytes for t in acts.terms if not t.per_layer and (
             "final" in t.name or t.name.startswith("log-softmax")))
-        below = small + segment_input_bytes(cfg, setup, 1) + g_bytes - (0 if cfg.tie_word_embeddings else vh_grad)
-        bottom_temp = int(g_per_param * f * h) + 2 * e * T * f  # down_proj's weight gradient, 2 T·f gradients
-        candidates += [below - k_seg * grad_per_layer + live_layer + bottom_temp, g_bytes + tied_sum + small]
+        untied = 0 if cfg.tie_word_embeddings else vh_grad  # the embedding's gradient comes last
+        below = small + segment_input_bytes(cfg, setup, 1) + g_bytes - untied
+        above = small + segment_input_bytes(cfg, setup, -(-L // k_seg)) + head_grad - untied
+        mlp_start = int(g_per_param * f * h) + 2 * e * T * f  # down_proj's weight gradient, 2 T·f gradients
+        candidates[2] = above + live_layer + mlp_start  # the top segment's backward
+        candidates += [below - k_seg * grad_per_layer + live_layer + mlp_start, g_bytes + tied_sum + small]
         layer = {t.name: t.bytes for t in acts.terms if t.per_layer}
         probs = layer.get("softmax probabilities (fp32)")
-        if setup.attention == "eager" and probs is not None:  # the bottom layer's attention-core backward
+        if setup.attention == "eager" and probs is not None:  # a layer's attention-core backward, top and bottom
             made = int(g_per_param * (3 * h * f + cfg.q_dim * h + h))  # its MLP's, o_proj's, norm's gradients
             kept = sum(v for k, v in layer.items() if k.startswith("q")) + sum(
                 v for k, v in layer.items() if "RMSNorm" in k) // 2
-            candidates.append(below - grad_per_layer + made + kept + 3 * probs + e * T * h)
+            core = made + kept + 3 * probs + e * T * h
+            candidates += [above + core, below - grad_per_layer + core]
     else:
         candidates.append(g_bytes - (k_seg - 1) * grad_per_layer + tied_sum + live_layer)
     if (cfg.moe is not None or cfg.mla is not None) and setup.recompute == "none" and full:

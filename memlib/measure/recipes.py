@@ -1,8 +1,10 @@
 """The framework recipes of a traced training step beyond plain PyTorch (Chapters 1 and 3).
 
 :func:`memlib.measure.trace.trace_training` runs ``torch.amp.GradScaler`` for ``fp16-mixed`` under
-``framework="pytorch"`` (:func:`_grad_scaler`), and DeepSpeed's ZeRO stage 1/2 optimizer of one rank for
-``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`). torch is imported lazily.
+``framework="pytorch"`` (:func:`_grad_scaler`), DeepSpeed's ZeRO stage 1/2 optimizer of one rank for
+``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`) and Megatron-LM's mixed-precision
+optimizer of one data-parallel rank for ``framework="megatron"`` (:func:`_megatron_setup`,
+:func:`_megatron_step`). torch is imported lazily.
 """
 from __future__ import annotations
 
@@ -90,3 +92,62 @@ def _deepspeed_step(params: list[Any], master: Any, flat16: Any, opt: Any, loss_
         opt.step()
         master.grad = None
         flat16.copy_(master)
+
+
+def _megatron_setup(params: list[Any], tracker: MemoryTracker) -> tuple[Any, list[Any]]:
+    """Megatron-LM's ``main_grad`` buffer and fp32 main parameters for one data-parallel rank.
+
+    ``megatron/core/distributed/param_and_grad_buffer.py`` (``_ParamAndGradBuffer.__init__``) allocates one
+    contiguous fp32 gradient buffer with the model (``grad_data = torch.zeros(...)``) and makes every parameter's
+    ``main_grad`` a view into it; ``DistributedDataParallel._make_backward_post_hook``
+    (``megatron/core/distributed/distributed_data_parallel.py``) adds each gradient autograd makes into it and
+    frees it (``param.main_grad.add_(param.grad.data)``, ``param.grad = None``; registered here as a
+    ``register_post_accumulate_grad_hook``). The optimizer (``Float16OptimizerWithFloat16Params`` or, sharded, the
+    distributed optimizer, ``megatron/core/optimizer/``) keeps an fp32 main copy of each parameter
+    (``param.detach().clone().float()``; one rank holds all of it). Bucket padding is left out.
+
+    Returns:
+        The flat fp32 gradient buffer (counted as GRAD) and the fp32 main parameters (counted as OPTIMIZER).
+    """
+    torch = _torch()
+    with tracker.mode():
+        grad_data = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32, device=params[0].device)
+        mains = [p.detach().clone().float().requires_grad_(True) for p in params]
+    tracker.reclassify(grad_data, MemCategory.GRAD)
+    for m in mains:
+        tracker.reclassify(m, MemCategory.OPTIMIZER)
+    offset = 0
+    for p in params:
+        p.main_grad = grad_data.narrow(0, offset, p.numel()).view_as(p)
+        offset += p.numel()
+
+        def hook(param: Any) -> None:
+            with torch.no_grad():
+                param.main_grad.add_(param.grad)
+            param.grad = None
+
+        p.register_post_accumulate_grad_hook(hook)
+    return grad_data, mains
+
+
+def _megatron_step(params: list[Any], mains: list[Any], grad_data: Any, opt: Any, loss_scale: float | None) -> None:
+    """``MixedPrecisionOptimizer.step`` of one rank (``megatron/core/optimizer/optimizer.py``).
+
+    ``_copy_model_grads_to_main_grads`` makes each main parameter's gradient its ``main_grad`` (``.float()`` of an
+    fp32 tensor is the tensor itself: no copy); with fp16 the gradients are unscaled in place
+    (``_unscale_main_grads_and_check_for_nan``); the fused Adam (Apex/Transformer Engine ``FusedAdam``, traced as
+    ``torch.optim.AdamW(fused=True)``) steps the main parameters; ``_copy_main_params_to_model_params`` copies
+    them into the 16-bit weights; the next iteration's ``zero_grad_buffer`` zeroes ``main_grad`` in place. The
+    gradient-norm clipping (per-tensor scalars) is left out.
+    """
+    torch = _torch()
+    with torch.no_grad():
+        for p, m in zip(params, mains):
+            m.grad = p.main_grad.float()
+            if loss_scale is not None:
+                m.grad.mul_(1.0 / loss_scale)
+        opt.step()
+        for p, m in zip(params, mains):
+            p.copy_(m)
+            m.grad = None
+        grad_data.zero_()

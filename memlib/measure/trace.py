@@ -26,7 +26,7 @@ from .deps import require_torch
 from .hf_config import load_any_config
 from . import tracker as _tracker
 from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
-from .recipes import _deepspeed_setup, _deepspeed_step, _grad_scaler
+from .recipes import _deepspeed_setup, _deepspeed_step, _grad_scaler, _megatron_setup, _megatron_step
 from .tracker import MemoryTracker, _cached_meta_mode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,7 +38,7 @@ __all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRA
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
 TRACE_OPTIMIZERS = OPTIMIZERS
 #: The frameworks whose training recipe :func:`trace_training` runs (of :data:`memlib.core.choices.FRAMEWORKS`).
-TRACE_FRAMEWORKS = ("pytorch", "deepspeed")
+TRACE_FRAMEWORKS = ("pytorch", "deepspeed", "megatron")
 
 
 def _torch() -> Any:
@@ -350,6 +350,10 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
               ``deepspeed/runtime/zero/stage_1_and_2.py``); see :func:`memlib.measure.recipes._deepspeed_setup` and
               :func:`memlib.measure.recipes._deepspeed_step`. Only mixed precisions; ``optimizer_impl`` is ignored for AdamW (DeepSpeed's
               ``FusedAdam`` steps the flat fp32 master without temporaries, as ``fused=True`` does).
+            * ``megatron``: Megatron-LM's mixed-precision optimizer of one data-parallel rank: the 16-bit model,
+              the fp32 ``main_grad`` buffer every gradient is added into, fp32 main parameters stepped by a fused
+              Adam (:func:`memlib.measure.recipes._megatron_setup`, :func:`memlib.measure.recipes._megatron_step`).
+              Only mixed precisions; ``optimizer_impl`` is ignored for AdamW.
         autocast_lists: on meta, whose autocast op lists the emulation mirrors: ``cuda`` (default: the GPUs
             the estimates are for) or ``cpu`` (to compare with a real CPU trace). Real devices use their own.
 
@@ -378,8 +382,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     if framework not in TRACE_FRAMEWORKS:
         raise MemlibError(f"framework {framework!r} cannot be traced; expected one of: {', '.join(TRACE_FRAMEWORKS)}")
     check_choice("autocast lists", autocast_lists, AUTOCAST_DEVICES)
-    if framework == "deepspeed" and not precision.endswith("-mixed"):
-        raise MemlibError(f"framework 'deepspeed' traces mixed precision, not precision {precision!r}; "
+    if framework in ("deepspeed", "megatron") and not precision.endswith("-mixed"):
+        raise MemlibError(f"framework {framework!r} traces mixed precision, not precision {precision!r}; "
                           "expected one of: bf16-mixed, fp16-mixed")
     if optimizer == "adamw-8bit" and device == "meta":
         raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
@@ -484,6 +488,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     mixed = precision.endswith("-mixed")
     amp = mixed and framework == "pytorch"  # torch.autocast: fp32 model
     deepspeed = mixed and framework == "deepspeed"
+    megatron = mixed and framework == "megatron"
     low = torch.float16 if precision.startswith("fp16") else torch.bfloat16
     model_dtype = "fp32" if amp else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16",
                                       "fp16-mixed": "fp16"}[precision]
@@ -507,12 +512,18 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
             master = flat16.detach().clone().float()  # single_partition_of_fp32_groups[i]
         tracker.reclassify(master, MemCategory.OPTIMIZER)
         master.requires_grad_(True)
-    opt = (_make_optimizer(optimizer, [master], "fused") if master is not None
-           else _make_optimizer(optimizer, params, optimizer_impl))
+    grad_data, mains = _megatron_setup(params, tracker) if megatron else (None, None)
+    if master is not None:
+        opt = _make_optimizer(optimizer, [master], "fused")
+    elif mains is not None:
+        opt = _make_optimizer(optimizer, mains, "fused")
+    else:
+        opt = _make_optimizer(optimizer, params, optimizer_impl)
     if device == "meta":
         _init_fused_state(opt)
     scaler = _grad_scaler(device, tracker) if amp and precision == "fp16-mixed" else None
-    loss_scale = 2.0 ** 16 if deepspeed and precision == "fp16-mixed" else None  # DeepSpeed's dynamic loss scale
+    # DeepSpeed's and Megatron's dynamic loss scale
+    loss_scale = 2.0 ** 16 if (deepspeed or megatron) and precision == "fp16-mixed" else None
     vocab = int(net.config.vocab_size)
     input_ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)  # (B, T)
     tracker.track_inputs(input_ids)
@@ -538,6 +549,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
                 tracker.set_segment("optimizer")
             if master is not None and flat16 is not None:
                 _deepspeed_step(params, master, flat16, opt, loss_scale)
+            elif mains is not None and grad_data is not None:
+                _megatron_step(params, mains, grad_data, opt, loss_scale)
             elif scaler is not None:
                 scaler.step(opt)
                 scaler.update()
