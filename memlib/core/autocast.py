@@ -23,9 +23,13 @@ backward, derived from transformers' Llama-family code and checked against real 
   the LM head in 16 bits and transformers' loss upcasts them (``logits.float()``) before ``log_softmax``.
 
 CPU and CUDA autocast differ in their op lists (CUDA runs ``pow``, ``rsqrt``, ``softmax``, ``log_softmax``,
-``layer_norm`` in fp32; CPU's fp32 list has mostly losses and linear algebra), but for these families every such op
-already gets an fp32 input (the fp32 residual stream, the explicit upcasts), so the saved bytes agree; GPT-2's
-``gelu_new`` (``pow`` on a 16-bit input) is one place where they would not, and its terms are not derived here.
+``layer_norm`` in fp32; CPU's fp32 list has mostly losses and linear algebra), but for the Llama-style families
+every such op already gets an fp32 input (the fp32 residual stream, the explicit upcasts), so the saved bytes
+agree. GPT-2 is where they differ: its ``gelu_new`` calls ``pow`` on the 16-bit c_fc output, which CUDA's list runs
+in fp32 and CPU's does not. The estimator targets GPUs: GPT-2's terms (:func:`_gpt2_terms`) follow CUDA's lists
+and are checked against meta traces under :mod:`memlib.measure.autocast`'s emulation with those lists
+(``trace_training(..., autocast_lists="cuda")``, the default), which the tests in turn check against real CPU
+autocast with CPU's lists.
 
 Full recomputation (transformers' non-reentrant ``torch.utils.checkpoint``) keeps each layer's fp32 input, the
 int64 position ids every checkpointed layer receives and, for eager attention, the fp32 additive causal mask
@@ -45,7 +49,8 @@ from .setup import TrainingSetup
 __all__ = ["AUTOCAST_FAMILIES", "WEIGHT_COPIES", "autocast_activation_terms", "linear_weight_params",
            "setup_activation_terms", "segment_input_bytes", "autocast_forward_extra", "autocast_backward_peak"]
 
-#: The families whose autocast terms are derived (and checked against CPU traces); the others get an approximation.
+#: The families whose autocast terms are derived (and checked against CPU or meta traces); the others get an
+#: approximation.
 AUTOCAST_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
 
 #: Name of the term with the 16-bit weight copies of one layer's Linears (and of the LM head, outside the layers).
@@ -60,7 +65,8 @@ def _derived(cfg: ModelConfig) -> bool:
 
 
 def linear_weight_params(cfg: ModelConfig) -> int:
-    """Weights of one decoder layer's Linears (q, k, v, o, gate, up, down), biases excluded: what autocast copies.
+    """Weights of one decoder layer's Linears (q, k, v, o, gate, up, down; GPT-2's four Conv1D), biases excluded:
+    what autocast copies.
 
     For the families outside :data:`AUTOCAST_FAMILIES`, the layer's parameters (an upper bound).
     """
@@ -202,7 +208,8 @@ def segment_input_bytes(cfg: ModelConfig, setup: TrainingSetup, n_kept: int) -> 
     """What full recomputation keeps at the end of the forward pass besides the tensors outside the layers.
 
     Each of the ``n_kept`` checkpointed segments keeps its input: e·b·s·h, fp32 under autocast (the residual
-    stream). Under autocast (checked against CPU traces) also the int64 position ids (8·s) and, with eager
+    stream). Under autocast (checked against CPU traces) also the int64 position ids (8·s; not GPT-2's, whose
+    learned positions are added before the layers) and, with eager
     attention, the fp32 additive causal mask (4·b·s²), or with SDPA and a sliding window no longer than the
     sequence the boolean mask (s²), which every checkpointed layer receives as an input.
     """
