@@ -86,7 +86,7 @@ def test_activation_terms_autocast_flag() -> None:
         activation_terms(cfg, precision="bf16", autocast=True)
 
 
-@pytest.mark.parametrize("model", ["gpt2", "mixtral-8x7b", "phi-3-mini"])
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "phi-3-mini"])
 def test_other_families_fall_back_to_fp32_terms_plus_weight_copies(model: str) -> None:
     cfg = load_config(_shipped(model))
     terms = autocast_activation_terms(cfg, 1, 256, "sdpa", True)
@@ -242,3 +242,129 @@ def _check_against_trace(raw: dict, b: int, s: int, attention: str, recompute: s
     biases = (cfg.q_dim + 2 * cfg.kv_dim) * cfg.num_layers * 2 if cfg.qkv_bias else 0
     layers = cfg.num_layers * 2 * linear_weight_params(cfg) if recompute == "full" else 0
     assert cached == layers + biases
+
+
+# ------------------------------------------------------------------------ GPT-2: derived, checked on meta (CUDA lists)
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 3, "n_embd": 64, "n_head": 4, "vocab_size": 96, "n_positions": 256,
+             "attn_pdrop": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1}
+GPT2_CASES = {
+    "shipped-dropout": TINY_GPT2,
+    "no-dropout": {**TINY_GPT2, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+    "big-vocab": {**TINY_GPT2, "n_layer": 2, "vocab_size": 384},  # the loss's backward is the peak
+    "long-heads": {**TINY_GPT2, "n_embd": 32, "n_head": 8, "vocab_size": 64},  # the eager core's backward is
+}
+
+
+def _amp_meta_trace(raw: dict, *, batch_size: int, seq_len: int, attention: str, recompute: str) -> dict:
+    """:func:`_amp_trace` on the meta device under the autocast emulation with CUDA's op lists (as trace_training)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from memlib.core.categories import MemCategory as C
+    from memlib.measure.autocast import emulated
+    from memlib.measure.trace import _init_fused_state, _make_optimizer, _patched, build_model
+    from memlib.measure.tracker import MemoryTracker
+
+    torch.manual_seed(0)
+    tracker = MemoryTracker("meta")
+    net = build_model(raw, device="meta", dtype="fp32", attention=attention)
+    if recompute == "full":
+        net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in net.parameters() if p.requires_grad]
+    tracker.track_model(net)
+    opt = _make_optimizer("adamw", params, "foreach")
+    _init_fused_state(opt)
+    ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device="meta")  # (B, T)
+    tracker.track_inputs(ids)
+    out: dict = {}
+    with _patched(attention == "sdpa"), tracker.mode(), emulated("cuda"):
+        tracker.track_optimizer(opt)
+        tracker.reset_peak()
+        states = tracker.totals[C.PARAM] + tracker.totals[C.OPTIMIZER] + tracker.totals[C.BUFFER]
+        with tracker.forward():
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # the emulation acts while CPU autocast is on
+                loss = net(input_ids=ids, labels=ids).loss
+                out["acts_in_autocast"] = tracker.totals[C.ACTIVATION]
+            out["acts"] = tracker.totals[C.ACTIVATION]
+        with tracker.backward():
+            loss.backward()
+            del loss
+        out["forward_backward_peak"] = tracker.peak - states
+    return out
+
+
+@pytest.mark.parametrize("b, s", [(2, 48), (1, 96)])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("case", list(GPT2_CASES))
+def test_gpt2_autocast_terms_equal_the_meta_trace(case: str, attention: str, recompute: str, b: int, s: int) -> None:
+    raw = GPT2_CASES[case]
+    traced = _amp_meta_trace(raw, batch_size=b, seq_len=s, attention=attention, recompute=recompute)
+    cfg = load_config(raw)
+    setup = TrainingSetup(batch_size=b, seq_len=s, attention=attention, recompute=recompute)
+    pc = count_params(cfg)
+    n = pc.params
+    acts = saved_activations(cfg, setup)
+    extra = backward_peak_bytes(cfg, setup, acts, 4 * n, n, n, pc.per_layer)
+    # byte for byte but the loss's scalars (the loss and nll_loss's total weight) and, for one sequence, 8 more
+    # bytes the trace holds beside the position ids
+    assert 0 <= traced["acts"] - acts.bytes <= 16
+    assert 0 <= traced["forward_backward_peak"] - extra <= 16
+    cached = traced["acts_in_autocast"] - traced["acts"]  # the bias copies, and the checkpointed layers' weights
+    assert cached == autocast_forward_extra(cfg, setup) - autocast_forward_extra(
+        cfg, dataclasses.replace(setup, recompute="none")) + 2 * cfg.num_layers * (5 * cfg.hidden_size + cfg.intermediate_size)
+
+
+def test_gpt2_autocast_terms_cuda_lists() -> None:
+    # gelu_new's pow runs in fp32 on CUDA: the MLP keeps three fp32 and two 16-bit b·s·f tensors (16 bytes per
+    # element of b·s·f), LayerNorm's fp32 output is cast for the Conv1D (addmm) that reads it
+    cfg = load_config("gpt2")
+    b, s = 2, 256
+    T, h, f = b * s, cfg.hidden_size, cfg.intermediate_size
+    terms = {t.name: t for t in autocast_activation_terms(cfg, b, s, "sdpa", True)}
+    assert sum(t.bytes for name, t in terms.items() if name.startswith("gelu_new")) == 16 * T * f
+    assert terms["LayerNorm inputs: the fp32 residual stream ×2"].bytes == 2 * 4 * T * h
+    assert terms["position ids (int64)"].bytes == 8 * s
+    # GPT-2's Linears are Conv1D: c_attn (h × 3h), c_proj (h × h), c_fc (h × f), c_proj (f × h); its head is tied
+    assert linear_weight_params(cfg) == 4 * h * h + 2 * h * f
+    pc = count_params(cfg)
+    layer_norms_biases = 4 * h + 3 * h + h + f + h
+    assert linear_weight_params(cfg) == pc.per_layer - layer_norms_biases
+    assert terms[WEIGHT_COPIES].bytes == 2 * linear_weight_params(cfg)
+    assert terms[f"{WEIGHT_COPIES} (LM head)"].bytes == 2 * cfg.vocab_size * h
+    # eager: the fp32 softmax, the bool dropout mask, the 16-bit dropped-out probabilities; no dropout, no mask
+    eager = {t.name: t.bytes for t in autocast_activation_terms(cfg, b, s, "eager", True)}
+    bas2 = b * cfg.num_heads * s * s
+    assert eager["softmax probabilities (fp32)"] == 4 * bas2 and eager["attention dropout mask (bool)"] == bas2
+    assert not [n for n in autocast_activation_terms(cfg, b, s, "eager", False) if "mask" in n.name]
+
+
+@settings(max_examples=30, deadline=None)
+@given(model=st.sampled_from(["gpt2", "gpt2-medium"]), batch=st.integers(1, 8), seq=st.integers(1, 1024),
+       attention=st.sampled_from(["eager", "sdpa"]))
+def test_gpt2_autocast_properties(model, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
+    cfg = load_config(model)
+    kw = dict(batch_size=batch, seq_len=seq, attention=attention)
+    amp = [saved_activations(cfg, TrainingSetup(recompute=r, **kw)).bytes for r in ("none", "selective", "full")]
+    assert amp[0] >= amp[1] >= amp[2]
+    assert amp[0] > saved_activations(cfg, TrainingSetup(precision="bf16", **kw)).bytes
+    # linear in the batch but for the weight copies and the position ids, which do not depend on it
+    copies = 2 * (cfg.num_layers * linear_weight_params(cfg) + cfg.vocab_size * cfg.hidden_size)
+    once, twice = (saved_activations(cfg, TrainingSetup(**{**kw, "batch_size": k * batch})).bytes for k in (1, 2))
+    assert 2 * once - twice == copies + 8 * seq
+
+
+@pytest.mark.parametrize("model, b, s, attention, recompute, precision", [
+    ("gpt2", 4, 1024, "sdpa", "none", "bf16-mixed"), ("gpt2", 4, 1024, "eager", "full", "bf16-mixed"),
+    ("gpt2", 4, 1024, "sdpa", "full", "fp16-mixed"), ("gpt2-medium", 2, 1024, "eager", "none", "bf16-mixed"),
+])
+def test_gpt2_amp_estimate_matches_the_meta_trace(model: str, b: int, s: int, attention: str, recompute: str,
+                                                  precision: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from memlib.measure.trace import trace_training
+
+    kw = dict(batch_size=b, seq_len=s, precision=precision, attention=attention, recompute=recompute)
+    traced = trace_training(model, framework="pytorch", **kw)
+    est = estimate_training(model, framework="pytorch", **kw)
+    assert traced.peak_phase == "backward"  # the activations, not the optimizer step, set these peaks
+    assert abs(est.total_bytes - traced.peak_bytes) / traced.peak_bytes < 1e-4

@@ -237,3 +237,19 @@ def test_estimator_selective_with_attention_dropout() -> None:
 def test_estimator_eager_recompute_small_states() -> None:
     est, measured = _agree(_llama(4), recompute="full", attention="eager")
     assert abs(est - measured) / measured < TOL
+
+
+def test_trace_recompute_passes_the_optimizer_impl_and_framework() -> None:
+    # Chapter 4: with fused AdamW (the HF Trainer's adamw_torch_fused) the step makes no full-size temporary,
+    # so under PyTorch AMP the segment length shows in the step's peak; with foreach the step is the peak
+    kw = dict(batch_size=2, seq_len=2048, precision="bf16-mixed", recompute="full")
+    model = _llama(4)
+    fused = {k: trace_recompute(model, checkpoint_every=k, optimizer_impl="fused", **kw) for k in (1, 4)}  # type: ignore[arg-type]
+    foreach = trace_recompute(model, checkpoint_every=1, **kw)  # type: ignore[arg-type]
+    assert all(t.settings["optimizer_impl"] == "fused" for t in fused.values())
+    assert "optimizer_impl" not in foreach.settings and foreach.peak_phase == "optimizer"  # foreach: the default
+    assert fused[1].peak_phase == fused[4].peak_phase == "backward"
+    assert fused[1].peak_bytes < fused[4].peak_bytes and fused[1].peak_bytes < foreach.peak_bytes
+    assert fused[4].settings["checkpoint_every"] == 4
+    ds = trace_recompute(model, framework="deepspeed", **kw)  # type: ignore[arg-type]
+    assert ds.settings["framework"] == "deepspeed" and ds.peak_bytes != foreach.peak_bytes

@@ -23,9 +23,13 @@ backward, derived from transformers' Llama-family code and checked against real 
   the LM head in 16 bits and transformers' loss upcasts them (``logits.float()``) before ``log_softmax``.
 
 CPU and CUDA autocast differ in their op lists (CUDA runs ``pow``, ``rsqrt``, ``softmax``, ``log_softmax``,
-``layer_norm`` in fp32; CPU's fp32 list has mostly losses and linear algebra), but for these families every such op
-already gets an fp32 input (the fp32 residual stream, the explicit upcasts), so the saved bytes agree; GPT-2's
-``gelu_new`` (``pow`` on a 16-bit input) is one place where they would not, and its terms are not derived here.
+``layer_norm`` in fp32; CPU's fp32 list has mostly losses and linear algebra), but for the Llama-style families
+every such op already gets an fp32 input (the fp32 residual stream, the explicit upcasts), so the saved bytes
+agree. GPT-2 is where they differ: its ``gelu_new`` calls ``pow`` on the 16-bit c_fc output, which CUDA's list runs
+in fp32 and CPU's does not. The estimator targets GPUs: GPT-2's terms (:func:`_gpt2_terms`) follow CUDA's lists
+and are checked against meta traces under :mod:`memlib.measure.autocast`'s emulation with those lists
+(``trace_training(..., autocast_lists="cuda")``, the default), which the tests in turn check against real CPU
+autocast with CPU's lists.
 
 Full recomputation (transformers' non-reentrant ``torch.utils.checkpoint``) keeps each layer's fp32 input, the
 int64 position ids every checkpointed layer receives and, for eager attention, the fp32 additive causal mask
@@ -45,26 +49,32 @@ from .setup import TrainingSetup
 __all__ = ["AUTOCAST_FAMILIES", "WEIGHT_COPIES", "autocast_activation_terms", "linear_weight_params",
            "setup_activation_terms", "segment_input_bytes", "autocast_forward_extra", "autocast_backward_peak"]
 
-#: The families whose autocast terms are derived (and checked against CPU traces); the others get an approximation.
-AUTOCAST_FAMILIES = ("llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
+#: The families whose autocast terms are derived (and checked against CPU or meta traces); the others get an
+#: approximation.
+AUTOCAST_FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "qwen3", "olmo2")
 
 #: Name of the term with the 16-bit weight copies of one layer's Linears (and of the LM head, outside the layers).
 WEIGHT_COPIES = "autocast 16-bit weight copies"
 
 
 def _derived(cfg: ModelConfig) -> bool:
+    if cfg.model_type == "gpt2":
+        return cfg.moe is None and cfg.mla is None
     return (cfg.model_type in AUTOCAST_FAMILIES and cfg.moe is None and cfg.mla is None
             and not cfg.learned_positions)
 
 
 def linear_weight_params(cfg: ModelConfig) -> int:
-    """Weights of one decoder layer's Linears (q, k, v, o, gate, up, down), biases excluded: what autocast copies.
+    """Weights of one decoder layer's Linears (q, k, v, o, gate, up, down; GPT-2's four Conv1D), biases excluded:
+    what autocast copies.
 
     For the families outside :data:`AUTOCAST_FAMILIES`, the layer's parameters (an upper bound).
     """
     if not _derived(cfg):
         return count_params(cfg).per_layer
     h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    if cfg.model_type == "gpt2":  # Conv1D c_attn (h × 3h), attention c_proj (h × h), c_fc (h × f), c_proj (f × h)
+        return 4 * h * h + 2 * h * f
     return h * q + 2 * h * kv + q * h + 3 * h * f
 
 
@@ -90,6 +100,8 @@ def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
     copies = ActivationTerm(WEIGHT_COPIES, 2 * linear_weight_params(cfg), "2·(Linear weights of a layer)")
     if not _derived(cfg):
         return _activation_terms(cfg, b, s, 4, attention, dropout) + [copies, head]
+    if cfg.model_type == "gpt2":
+        return _gpt2_terms(cfg, b, s, attention, dropout) + [copies, head]
     terms: list[ActivationTerm] = []
 
     def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
@@ -129,6 +141,58 @@ def autocast_activation_terms(cfg: ModelConfig, b: int, s: int, attention: str,
     return terms
 
 
+def _gpt2_terms(cfg: ModelConfig, b: int, s: int, attention: str, dropout: bool) -> list[ActivationTerm]:
+    """GPT-2's terms under autocast with CUDA's op lists (transformers' ``modeling_gpt2.py``), weight copies aside.
+
+    ``Conv1D`` is ``torch.addmm(bias, x, weight)``: autocast casts its input (saved, 16-bit) and its cached weight
+    copy; its output is 16-bit. ``nn.LayerNorm`` runs in fp32 (CUDA's fp32 list): it keeps its fp32 input (the
+    residual stream: the fp32 embeddings plus the 16-bit branches promote to fp32), mean and rstd, and its fp32
+    output is cast for the next Conv1D. ``gelu_new`` is ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·pow(x, 3))))``:
+    CUDA runs ``pow`` in fp32, so pow keeps an fp32 copy of the 16-bit c_fc output, tanh its fp32 output, the
+    product the 16-bit 0.5·x and the fp32 (1 + tanh); its fp32 output is cast for c_proj. Eager attention's
+    ``softmax`` gets an fp32 input (16-bit scores plus the fp32 additive mask) and ``attn_weights.type(value.dtype)``
+    makes the 16-bit probabilities that dropout (``aten.native_dropout``: a 1-byte mask, as on CUDA) and the second
+    matmul keep; ``torch.matmul`` copies the strided q, k, v views. SDPA (the flash kernel) keeps the c_attn output
+    that q, k, v view, its output and the log-sum-exp. The word and position embeddings keep their int64 ids.
+    """
+    T = b * s
+    h, f, a, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.vocab_size
+    p_attn = cfg.attn_dropout if dropout else 0.0
+    p_resid = cfg.resid_dropout if dropout else 0.0
+    terms: list[ActivationTerm] = []
+
+    def add(name: str, nbytes: int, formula: str, per_layer: bool = True) -> None:
+        terms.append(ActivationTerm(name, int(nbytes), formula, per_layer))
+
+    add("LayerNorm inputs: the fp32 residual stream ×2", 2 * 4 * T * h, "2·4·bsh")
+    add("LayerNorm mean and rstd (fp32) ×2", 2 * 8 * T, "2·8·bs")
+    add("16-bit casts of the LayerNorm outputs (c_attn, c_fc inputs)", 2 * 2 * T * h, "2·2·bsh")
+    if attention == "sdpa":
+        add("q, k, v (the 16-bit c_attn output)", 2 * 3 * T * h, "2·3bsh")
+        add("attention output (16-bit, c_proj input)", 2 * T * h, "2·bsh")
+        add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
+    else:
+        add("q, k, v contiguous 16-bit copies", 3 * 2 * T * h, "3·2·bsh")
+        add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
+        if p_attn > 0:
+            add("attention dropout mask (bool)", b * a * s * s, "bas²")
+        add("softmax probabilities cast to 16 bits" + (" and dropped out" if p_attn > 0 else ""),
+            2 * b * a * s * s, "2·bas²")
+        add("attention output (contiguous 16-bit, c_proj input)", 2 * T * h, "2·bsh")
+    if p_resid > 0:
+        add("residual dropout masks (bool) ×2", 2 * T * h, "2·bsh")
+    add("gelu_new: fp32 pow input, tanh and 1 + tanh", 3 * 4 * T * f, "3·4·bsf")
+    add("gelu_new: 16-bit 0.5·x; 16-bit cast of the c_proj input", 2 * 2 * T * f, "2·2·bsf")
+    if dropout and cfg.embd_dropout > 0:
+        add("embedding dropout mask (bool)", T * h, "bsh", per_layer=False)
+    add("final LayerNorm: fp32 input, mean and rstd; 16-bit cast", 6 * T * h + 8 * T, "(4 + 2)·bsh + 8·bs",
+        per_layer=False)
+    add("position ids (int64)", 8 * s, "8·s", per_layer=False)
+    add("log-softmax of the fp32 logits", 4 * T * V, "4·bsV", per_layer=False)
+    add("input ids and labels", 16 * T, "16·bs", per_layer=False)
+    return terms
+
+
 def setup_activation_terms(cfg: ModelConfig, setup: TrainingSetup) -> list[ActivationTerm]:
     """The activation terms of a setup: autocast's for full fine-tuning under torch.autocast, else the dtype's.
 
@@ -144,7 +208,8 @@ def segment_input_bytes(cfg: ModelConfig, setup: TrainingSetup, n_kept: int) -> 
     """What full recomputation keeps at the end of the forward pass besides the tensors outside the layers.
 
     Each of the ``n_kept`` checkpointed segments keeps its input: e·b·s·h, fp32 under autocast (the residual
-    stream). Under autocast (checked against CPU traces) also the int64 position ids (8·s) and, with eager
+    stream). Under autocast (checked against CPU traces) also the int64 position ids (8·s; not GPT-2's, whose
+    learned positions are added before the layers) and, with eager
     attention, the fp32 additive causal mask (4·b·s²), or with SDPA and a sliding window no longer than the
     sequence the boolean mask (s²), which every checkpointed layer receives as an input.
     """
@@ -158,6 +223,8 @@ def segment_input_bytes(cfg: ModelConfig, setup: TrainingSetup, n_kept: int) -> 
         mask = 4 * setup.batch_size * s * s
     elif isinstance(window, int) and s >= window:
         mask = s * s
+    if cfg.model_type == "gpt2":  # learned positions: the layers get no position ids (the embedding keeps them)
+        return n_kept * 4 * T * h + mask
     return n_kept * 4 * T * h + 8 * s + mask
 
 
@@ -175,7 +242,8 @@ def autocast_forward_extra(cfg: ModelConfig, setup: TrainingSetup) -> int:
     b, s = setup.batch_size, setup.seq_len
     T, h, V, L = b * s, cfg.hidden_size, cfg.vocab_size, cfg.num_layers
     biases = (cfg.q_dim + 2 * cfg.kv_dim) if cfg.qkv_bias else 0
-    biases += (h if cfg.out_bias else 0) + ((2 * cfg.intermediate_size + h) if cfg.mlp_bias else 0)
+    mlp_matrices = 1 if cfg.model_type == "gpt2" else 2  # GPT-2: c_fc (f) and c_proj (h); else gate, up and down
+    biases += (h if cfg.out_bias else 0) + ((mlp_matrices * cfg.intermediate_size + h) if cfg.mlp_bias else 0)
     cached = L * 2 * linear_weight_params(cfg) if setup.recompute == "full" else 0
     return 6 * T * V + 4 * T * h + 8 * b * (s + 1) + 2 * L * biases + cached
 
@@ -228,6 +296,8 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     Returns:
         The bytes; ``estimate_training`` adds them to the weights and optimizer states.
     """
+    if cfg.model_type == "gpt2":
+        return max(_gpt2_backward_moments(cfg, setup, acts, g_bytes, n, layer_params))
     acts_bytes, terms, live_layer, k_seg = acts.bytes, acts.terms, acts.live_layer, acts.segment
     b, s = setup.batch_size, setup.seq_len
     L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
@@ -263,3 +333,62 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
         g_all + (2 * vh if cfg.tie_word_embeddings else 0) + small,
     ]
     return max(candidates)
+
+
+def _gpt2_backward_moments(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved, g_bytes: int, n: int,
+                           layer_params: int) -> list[int]:
+    """:func:`autocast_backward_peak`'s moments for GPT-2 (CUDA's op lists), checked against meta traces.
+
+    The end of the forward pass, the loss's and the LM head's backward as for the other families (the loss's
+    backward has freed the labels, 8·bs); then, in the top and in the bottom segment, a layer's MLP backward and,
+    with eager attention, its attention core's backward, whichever is larger; the end of the backward pass.
+    """
+    acts_bytes, terms, live_layer, k_seg = acts.bytes, acts.terms, acts.live_layer, acts.segment
+    b, s = setup.batch_size, setup.seq_len
+    L, h, V, f, T, a = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s, cfg.num_heads
+    full = setup.recompute == "full"
+    g = g_bytes / n
+    logsm, vh = 4 * T * V, int(g * V * h)
+    labels = 8 * T  # the loss's backward frees the labels nll_loss kept
+    resid_mask = T * h if cfg.resid_dropout > 0 else 0
+    per_layer = sum(t.bytes for t in terms if t.per_layer)
+    shared = 4 * T * h if full else 0  # a checkpointed layer's LayerNorm input is the segment's input, kept once
+    # A layer's MLP backward, at the peak of gelu_new's backward: c_proj's input gradient (fp32, 4·bsf) and the
+    # product's two fp32 gradients (2·4·bsf), then, without recomputation, the 16-bit cast of 0.5·x's gradient
+    # (2·bsf; a checkpointed layer's product has let go of its recomputed factors, 2·bsf + 4·bsf, by then),
+    # beside the residual stream's fp32 gradient (4·bsh) and c_proj's weight and bias gradients; c_proj's saved
+    # input, weight copy and dropout mask are freed.
+    mlp = (12 if full else 14) * T * f + 4 * T * h + int(g * (f * h + h)) - 2 * T * f - 2 * f * h - resid_mask
+    # Eager attention: the core's backward, at softmax's: the probabilities' fp32 gradient (cast from the 16-bit
+    # one) and softmax's fp32 gradient, 2·4·bas², beside the residual stream's fp32 gradient and v's 16-bit one,
+    # (4 + 2)·bsh, and the gradients of the layer's c_proj, ln_2 and MLP; the layer keeps only ln_1's input,
+    # mean, rstd and 16-bit cast, c_attn's weight copy, q, k, v and the fp32 softmax. (With one sequence
+    # ``torch.matmul``'s q, k, v are views of c_attn's output, which stays whole; else v's copy is freed.)
+    core = 0
+    if setup.attention == "eager":
+        qkv = 3 * 2 * T * h if b == 1 else 2 * 2 * T * h
+        kept = 4 * T * h + 8 * T + 2 * T * h + 2 * 3 * h * h + qkv + 4 * b * a * s * s
+        core = kept + 6 * T * h + 8 * b * a * s * s + int(g * (h * h + 2 * f * h + f + 4 * h)) - per_layer
+    layer = max(per_layer + mlp, per_layer + core) - shared
+    outside = sum(t.bytes for t in terms if not t.per_layer)
+    small = outside - sum(t.bytes for t in terms if not t.per_layer and (
+        t.name.startswith(("final", "log-softmax", WEIGHT_COPIES)) or "final" in t.name))
+    top = acts_bytes - labels - (outside - small) + int(g * (V * h + 2 * h))
+    if full:  # the top segment is re-materialized beside every segment's input
+        top += live_layer - per_layer
+        bottom = small + segment_input_bytes(cfg, setup, 1) + live_layer - per_layer
+    else:
+        top -= per_layer
+        bottom = small
+    # gradients made before the bottom segment's: all but its layers', the embeddings' (the tied LM head's
+    # gradient waits, fp32, for the word embedding's) and those of the layer in flight (in ``layer``)
+    made = int(g_bytes) - k_seg * int(g * layer_params) - int(g * cfg.max_position_embeddings * h)
+    made -= 0 if cfg.tie_word_embeddings else vh
+    return [
+        acts_bytes + autocast_forward_extra(cfg, setup),
+        acts_bytes - labels + 2 * logsm,
+        acts_bytes - labels - logsm + 2 * T * V + 6 * T * h + (2 * V * h + vh),
+        top + layer,
+        bottom - labels + made + layer,
+        int(g_bytes) + 2 * vh + small,
+    ]

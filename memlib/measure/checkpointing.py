@@ -265,17 +265,21 @@ class _TraceOptions(TypedDict):
     device: str
     overrides: dict[str, Any] | None
     seed: int
+    optimizer_impl: str
+    framework: str
 
 
 def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512, precision: str = "bf16",
                     optimizer: str = "adamw", attention: str = "sdpa", recompute: str = "none",
                     checkpoint_every: int = 1, device: str = "meta", overrides: dict[str, Any] | None = None,
-                    seed: int = 0) -> Any:
+                    seed: int = 0, optimizer_impl: str = "foreach", framework: str = "pytorch") -> Any:
     """:func:`memlib.measure.trace.trace_training` of a whole step under any recomputation mode and interval.
 
     Introduced in Chapter 4 (to check ``estimate_training(recompute=..., checkpoint_every=...)``). The model
     that ``trace_training`` builds is wrapped by :func:`apply_checkpointing` (its ``model_hook``); ``selective`` runs under
-    :func:`selective_attention_core`.
+    :func:`selective_attention_core`. ``optimizer_impl`` and ``framework`` go to ``trace_training`` as they are
+    (``optimizer_impl="fused"``: ``torch.optim.AdamW(fused=True)``, whose step makes no full-size temporary, so
+    the recomputation's trade-off, not the optimizer step, sets the peak).
 
     Returns:
         A :class:`memlib.measure.trace.TraceResult` whose settings also carry ``checkpoint_every``.
@@ -284,7 +288,8 @@ def trace_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
 
     check_choice("recompute", recompute, RECOMPUTE_MODES)
     kw: _TraceOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
-                             attention=attention, device=device, overrides=overrides, seed=seed)
+                             attention=attention, device=device, overrides=overrides, seed=seed,
+                             optimizer_impl=optimizer_impl, framework=framework)
     if recompute == "none" or (recompute == "full" and checkpoint_every == 1):
         # transformers' own gradient checkpointing is our k = 1 (byte for byte, see the tests); trace_training
         # may then extrapolate from 2-4 traced layers, which segments of k > 1 layers would break.
