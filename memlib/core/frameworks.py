@@ -31,7 +31,7 @@ from .lora import lora_params, lora_small_tensor_params, qlora_base_bytes, targe
 from .setup import TrainingSetup
 
 __all__ = ["layout_bytes", "state_bytes", "optimizer_state_bytes", "model_state_bytes", "shard_states",
-           "gathered_bytes", "zero3_gathered_bytes", "offload_split", "bucket_bytes", "optimizer_step_bytes",
+           "gathered_bytes", "fsdp2_backward_bytes", "fsdp2_traced_layout", "zero3_gathered_bytes", "offload_split", "bucket_bytes", "optimizer_step_bytes",
            "GRAD_SCALER_BYTES", "DS_REDUCE_BUCKET", "DS_SUB_GROUP_SIZE"]
 
 #: ``torch.amp.GradScaler``'s tensors on the device: ``_scale`` (fp32), ``_growth_tracker`` (int32) and the
@@ -163,6 +163,8 @@ def gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n
     if cfg is None or fw in ("pytorch", "megatron") or (fw == "deepspeed" and setup.zero_stage != 3):
         return 0, 0
     biggest = max(layer_params, cfg.vocab_size * cfg.hidden_size)
+    if fw == "fsdp2" and fsdp2_traced_layout(setup):  # freed before the step; fsdp2_backward_bytes counts them
+        return 0, 0
     if fw == "fsdp2":
         pb = 4 if setup.precision == "fp32" else 2
         weights = pb * n if setup.zero_stage == 2 else 2 * pb * biggest
@@ -332,3 +334,70 @@ def _lora_for_loop_elements(cfg: ModelConfig, setup: TrainingSetup) -> int:
     order = [x for _, d_in, d_out in targeted_linears(cfg, setup.lora_targets) for x in (r * d_in, d_out * r)]
     order = order * cfg.num_layers
     return max(prev + 2 * cur for prev, cur in zip([0] + order, order))
+
+
+def fsdp2_traced_layout(setup: TrainingSetup) -> bool:
+    """Whether FSDP2's working set is modelled moment by moment (:func:`fsdp2_backward_bytes`, checked against
+    real ``fully_shard`` traces): full fine-tuning without offload. LoRA and ``CPUOffloadPolicy`` keep the
+    coarser :func:`gathered_bytes` (two gathered units, or every layer at zero 2, live at both peaks)."""
+    return setup.framework == "fsdp2" and setup.method == "full" and setup.offload == "none"
+
+
+def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int, layer_acts: int, live_layer: int,
+                         n: int, layer_params: int) -> int:
+    """FSDP2's bytes on top of its sharded parameters and optimizer states at the backward pass's peak.
+
+    Followed through ``torch/distributed/fsdp/_fully_shard`` (``fully_shard`` on every decoder layer, then the
+    root: embedding, final norm and LM head; traced for real by :mod:`memlib.measure.recipes`). A = saved
+    activations, ``layer_acts`` one layer's (or one segment input's) share of them, e the activation bytes,
+    p the ``param_dtype`` bytes (2 under mixed precision and bf16, 4 in fp32), r the ``reduce_dtype`` bytes (4
+    under mixed precision), q the sharded gradient's (the model's own dtype), U_l a layer's and U_r the root's
+    parameters, N the ranks:
+
+    * working set (``_fsdp_param_group.py``, ``FSDPParamGroup.unshard``/``wait_for_unshard``/``reshard``): the
+      root is unsharded from the loss to the end of the backward (its embedding's gradient comes last), p·U_r;
+      a layer from its ``pre_backward`` to its ``post_backward``. With ``reshard_after_forward=True`` (zero 3)
+      that is one layer, plus the next one ``_backward_prefetch`` all-gathers when N > 1 (one rank skips the
+      all-gather: ``unshard`` returns at once for world size 1 and ``wait_for_unshard`` copies); with ``False``
+      (zero 2) every layer not yet through its backward stays unsharded from the forward on.
+    * gradients: autograd's unsharded gradients in ``param_dtype``; ``post_backward`` reshards the layer, then
+      ``_fsdp_collectives.py``'s ``foreach_reduce`` copies them into a reduce-scatter input in
+      ``reduce_dtype`` (r·U_l) and reduces into the sharded gradient (q·U_l/N). The input is kept in
+      ``reduce_scatter_states`` until the next group's ``post_backward`` (``reduce_scatter_max_input_buffers``
+      1), so one layer's r·U_l lives through the next layer's backward. The root's LM-head and final-norm
+      gradients, p·(V·h + h), wait for the root's reduce at the end.
+
+    The peak is the largest of these moments (the activation temporaries as in
+    :func:`memlib.core.estimate.backward_peak_bytes`):
+
+    * loss backward: A + 2·4·T·V + p·U_r + the layers unsharded then (zero 2: all; zero 3: the prefetched
+      top layer when N > 1);
+    * the top layer's backward: A − 4TV + p·(V·h + h) + p·U_r + its unsharded layers + the re-materialized
+      segment + the MLP's backward temporaries;
+    * the bottom layer's backward (the peak under full recomputation): layer_acts + the sharded gradients of
+      the L − 1 layers above, q·(L − 1)·U_l/N, the reduce-scatter input of the layer above, r·U_l, p·(V·h + h),
+      p·U_r, p·U_l (zero 2 and 3 alike: the layers above are resharded), the segment and the MLP temporaries;
+    * the root's reduce: q·L·U_l/N + the root's gradients p·U_r and their reduce-scatter input r·U_r.
+    """
+    b, s, e, N = setup.batch_size, setup.seq_len, setup.act_bytes, setup.num_gpus
+    L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, setup.batch_size * setup.seq_len
+    p = 4 if setup.precision == "fp32" else 2
+    q = 2 if setup.precision == "bf16" else 4
+    r = 4 if setup.precision != "bf16" else 2
+    u_l, u_r = layer_params, n - L * layer_params
+    prefetch = 1 if N > 1 else 0
+    zero3 = setup.zero_stage == 3
+    head_grads = p * (V * h + h)
+    logsm = 4 * T * V
+    mlp_temp = 3 * e * T * f + 2 * e * T * h
+    if setup.attention == "eager" and setup.recompute != "none":
+        mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
+    at_loss = p * u_l * (prefetch if zero3 else L)
+    at_top = p * u_l * (1 + prefetch if zero3 else L)
+    candidates = [
+        acts_bytes + 2 * logsm + p * u_r + at_loss,
+        acts_bytes - logsm + head_grads + p * u_r + at_top + live_layer + mlp_temp,
+        layer_acts + -(-q * (L - 1) * u_l // N) + r * u_l + head_grads + p * u_r + p * u_l + live_layer + mlp_temp,
+        -(-q * L * u_l // N) + (p + r) * u_r,
+    ]
+    return max(candidates)
