@@ -363,7 +363,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                                 settings, cpu_bytes)
     acts = saved_activations(cfg, setup)
     backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
-    if fsdp2_traced_layout(setup):  # FSDP2's own backward moments (memlib.core.frameworks)
+    if fsdp2_traced_layout(setup):  # FSDP2's own backward moments; its working set is gone by the step
+        p_bytes, g_bytes = p_bytes - gathered_p, g_bytes - gathered_g
         layer_acts = (acts.bytes - _sum_terms(acts.terms)[1]) // cfg.num_layers
         backward_extra = fsdp2_backward_bytes(cfg, setup, acts.bytes, layer_acts, acts.live_layer, n, layer_params)
     bucket_backward, bucket_step = bucket_bytes(setup)

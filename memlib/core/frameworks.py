@@ -153,7 +153,13 @@ def gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n
       (zero 3) the layer being computed and the prefetched next, 2·p·U; with ``False`` (zero 2) every layer's
       from the forward to its backward, p·Ψ. Gradients: one layer's unsharded gradient in ``param_dtype`` plus
       its fp32 copy for ``reduce_dtype`` before the reduce-scatter (``_fsdp_collectives.py``:
-      ``foreach_reduce``), (p + 4)·U under mixed precision, p·U otherwise.
+      ``foreach_reduce``), (p + 4)·U under mixed precision, p·U otherwise. That is the coarse model kept for
+      LoRA and ``CPUOffloadPolicy``; full fine-tuning without offload (:func:`fsdp2_traced_layout`) returns the
+      working set at its largest as :func:`fsdp2_backward_bytes` follows it, which the estimate counts in the
+      backward pass only (FSDP2 reshards every group after its backward: none of it is live at the step):
+      weights p·U_r (the root group: embedding, final norm, LM head) + p·U_l for each layer unsharded at once
+      (zero 2: all L; zero 3: 1, or 2 with the prefetch of N > 1 ranks); gradients the LM head's and final
+      norm's p·(V·h + h) + one layer's unsharded gradients and reduce-scatter input, (p + r)·U_l.
 
     Returns:
         (gathered weight bytes, gathered gradient bytes); (0, 0) for pytorch, megatron, deepspeed below
@@ -163,8 +169,12 @@ def gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n
     if cfg is None or fw in ("pytorch", "megatron") or (fw == "deepspeed" and setup.zero_stage != 3):
         return 0, 0
     biggest = max(layer_params, cfg.vocab_size * cfg.hidden_size)
-    if fw == "fsdp2" and fsdp2_traced_layout(setup):  # freed before the step; fsdp2_backward_bytes counts them
-        return 0, 0
+    if fw == "fsdp2" and fsdp2_traced_layout(setup):  # freed before the step: fsdp2_backward_bytes' moments
+        p, r = (4, 4) if setup.precision == "fp32" else (2, 2) if setup.precision == "bf16" else (2, 4)
+        u_root = n - cfg.num_layers * layer_params
+        layers = cfg.num_layers if setup.zero_stage == 2 else 1 + (1 if setup.num_gpus > 1 else 0)
+        return (p * (u_root + layers * layer_params),
+                p * (cfg.vocab_size * cfg.hidden_size + cfg.hidden_size) + (p + r) * layer_params)
     if fw == "fsdp2":
         pb = 4 if setup.precision == "fp32" else 2
         weights = pb * n if setup.zero_stage == 2 else 2 * pb * biggest
