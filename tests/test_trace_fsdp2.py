@@ -48,7 +48,8 @@ def test_fsdp2_zero2_keeps_layers_unsharded_until_backward() -> None:
 
 
 def test_fsdp2_bad_input_is_one_line() -> None:
-    with pytest.raises(MemlibError, match="framework 'fsdp2' is not traced with device 'meta'; expected one of: cpu, cuda"):
+    with pytest.raises(MemlibError, match="framework 'fsdp2' is not traced with device 'meta'; expected one of: "
+                                          "cpu, cuda"):
         trace_training(TINY, framework="fsdp2", precision="bf16-mixed")
     with pytest.raises(MemlibError, match="unknown zero stage 1; expected one of: 2, 3"):
         trace_training(TINY, device="cpu", framework="fsdp2", precision="bf16-mixed", zero_stage=1)
@@ -56,3 +57,40 @@ def test_fsdp2_bad_input_is_one_line() -> None:
         trace_training(TINY, device="cpu", framework="fsdp2", precision="fp16-mixed")
     with pytest.raises(MemlibError, match="zero_stage 3 is traced for framework 'fsdp2' only"):
         trace_training(TINY, device="cpu", precision="bf16-mixed", zero_stage=3)
+
+
+def _two_rank_worker(rank: int, init_file: str, out_dir: str, kw: dict) -> None:
+    """One of two gloo ranks: trace_training shards over the group this worker joined; its peak goes to a file."""
+    import json
+    import os
+
+    import torch
+
+    from memlib.measure.procs import join_gloo_group
+
+    dist = join_gloo_group(torch, rank, 2, init_file, out_dir, 120)
+    traced = trace_training(TINY, device="cpu", **kw)
+    with open(os.path.join(out_dir, f"peak{rank}.json"), "w") as fh:
+        json.dump([traced.peak_bytes, traced.peak_phase], fh)
+    dist.destroy_process_group()
+
+
+def test_fsdp2_two_ranks_per_rank_peak(tmp_path: object) -> None:
+    """Two gloo processes: each rank's real peak (all-gather, backward prefetch, halved shards) vs gpus=2."""
+    import json
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    from memlib.measure.procs import join_with_deadline
+
+    out = Path(str(tmp_path))
+    kw = dict(KW, attention="sdpa", recompute="full", optimizer_impl="fused", zero_stage=2)
+    ctx = mp.start_processes(_two_rank_worker, args=(str(out / "init"), str(out), kw), nprocs=2, join=False,
+                             start_method="spawn")
+    join_with_deadline(ctx, 300, "two-rank FSDP2 trace")  # hang guard: kills both ranks past 300 s
+    peaks = [json.loads((out / f"peak{r}.json").read_text()) for r in (0, 1)]
+    assert peaks[0] == peaks[1]  # the tiny model's shards divide evenly: both ranks alike
+    est = estimate_training(TINY, num_gpus=2, **kw)
+    assert peaks[0][1] == est.peak_phase == "backward"
+    assert abs(est.total_bytes - peaks[0][0]) <= 0.03 * peaks[0][0]

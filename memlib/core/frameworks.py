@@ -17,7 +17,9 @@ parameter count, N the data-parallel ranks sharing the states (``setup.num_gpus`
   reduce bucket (:func:`step_temp_bytes`, :func:`bucket_bytes`).
 * **fsdp2** (``torch/distributed/fsdp/_fully_shard``: ``fully_shard`` with
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): sharded fp32 params, grads and Adam states,
-  (4 + 4 + 8)/N, plus the unsharded working set (:func:`gathered_bytes`).
+  (4 + 4 + 8)/N, plus the unsharded working set (:func:`gathered_bytes`), live in the backward pass only
+  (:func:`fsdp2_backward_bytes`; checked against real ``fully_shard`` traces on one and two gloo ranks,
+  ``tests/test_trace_fsdp2.py``).
 * **megatron** (Megatron-LM, docs "Distributed Optimizer"; ``megatron/core/distributed/
   param_and_grad_buffer.py``, ``megatron/core/optimizer/distrib_optimizer.py``): bf16 params 2 + the fp32
   ``main_grad`` buffer 4 + fp32 main params, m, v 12 = 18 bytes/param; the distributed optimizer (ZeRO-1
@@ -384,13 +386,14 @@ def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int
       top layer when N > 1);
     * the top layer's backward: A − 4TV + p·(V·h + h) + p·U_r + its unsharded layers + the re-materialized
       segment + the MLP's backward temporaries;
-    * the bottom layer's backward (the peak under full recomputation): layer_acts + the sharded gradients of
-      the L − 1 layers above, q·(L − 1)·U_l/N, the reduce-scatter input of the layer above, r·U_l, p·(V·h + h),
-      p·U_r, p·U_l (zero 2 and 3 alike: the layers above are resharded), the segment and the MLP temporaries;
+    * layer i's backward, i < L (the peak under full recomputation, low in the stack): the saved activations
+      of layers 1..i, i·``layer_acts``, + the sharded gradients of the L − i layers above, q·(L − i)·U_l/N, the
+      reduce-scatter input of layer i + 1, r·U_l, p·(V·h + h), p·U_r, the unsharded layers (zero 2: layers
+      1..i; zero 3: layer i, and i − 1 prefetched when N > 1), the segment and the MLP temporaries;
     * the root's reduce: q·L·U_l/N + the root's gradients p·U_r and their reduce-scatter input r·U_r.
     """
     b, s, e, N = setup.batch_size, setup.seq_len, setup.act_bytes, setup.num_gpus
-    L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, setup.batch_size * setup.seq_len
+    L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
     p = 4 if setup.precision == "fp32" else 2
     q = 2 if setup.precision == "bf16" else 4
     r = 4 if setup.precision != "bf16" else 2
@@ -407,7 +410,10 @@ def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int
     candidates = [
         acts_bytes + 2 * logsm + p * u_r + at_loss,
         acts_bytes - logsm + head_grads + p * u_r + at_top + live_layer + mlp_temp,
-        layer_acts + -(-q * (L - 1) * u_l // N) + r * u_l + head_grads + p * u_r + p * u_l + live_layer + mlp_temp,
         -(-q * L * u_l // N) + (p + r) * u_r,
     ]
+    for i in range(1, L):  # layer i's backward, below the top one: layers i+1..L are reduced and resharded
+        unsharded = p * u_l * (i if not zero3 else 1 + (prefetch if i > 1 else 0))
+        candidates.append(i * layer_acts + -(-q * (L - i) * u_l // N) + r * u_l + head_grads + p * u_r + unsharded
+                          + live_layer + mlp_temp)
     return max(candidates)

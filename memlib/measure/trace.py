@@ -4,9 +4,9 @@ The tracer runs one transformers model built from a config through forward + los
 ``optimizer.step()`` + ``zero_grad(set_to_none=True)`` twice, and reports the peak of live tensor bytes
 in the second (steady-state) step, by category. On the ``meta`` device no memory is allocated and no
 weights exist, so a 70B model traces in seconds on a laptop. Mixed precision runs a framework's recipe
-(``framework``): PyTorch AMP (``torch.autocast``, emulated on meta by :mod:`memlib.measure.autocast`) or
-DeepSpeed's ZeRO-1/2 optimizer on one rank (:mod:`memlib.measure.recipes`). torch and transformers are imported
-lazily.
+(``framework``): PyTorch AMP (``torch.autocast``, emulated on meta by :mod:`memlib.measure.autocast`),
+DeepSpeed's ZeRO-1/2 optimizer on one rank, or PyTorch's FSDP2 (``fully_shard``, real tensors only)
+(:mod:`memlib.measure.recipes`). torch and transformers are imported lazily.
 """
 from __future__ import annotations
 
@@ -517,8 +517,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     deepspeed = mixed and framework == "deepspeed"
     fsdp2 = framework == "fsdp2"
     low = torch.float16 if precision.startswith("fp16") else torch.bfloat16
-    model_dtype = "fp32" if amp or (fsdp2 and mixed) else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16",
-                                      "fp16-mixed": "fp16"}[precision]
+    model_dtype = "fp32" if amp or (fsdp2 and mixed) else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
+                                                           "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
     tracker = MemoryTracker(device)
     net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
     if model_hook is not None:
