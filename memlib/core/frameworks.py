@@ -391,6 +391,13 @@ def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int
       reduce-scatter input of layer i + 1, r·U_l, p·(V·h + h), p·U_r, the unsharded layers (zero 2: layers
       1..i; zero 3: layer i, and i − 1 prefetched when N > 1), the segment and the MLP temporaries;
     * the root's reduce: q·L·U_l/N + the root's gradients p·U_r and their reduce-scatter input r·U_r.
+
+    Limitations: the re-materialized layer's backward is :func:`memlib.core.estimate.backward_peak_bytes`' bound
+    (the whole layer's activations plus the larger of the MLP's and the eager attention's temporaries); the
+    traced peak falls inside the attention's backward with the MLP's activations already freed, so full
+    recomputation is over-estimated by a few percent on tiny models (see ``bench/accuracy.py --frameworks``).
+    N > 1 assumes dim-0 sizes divisible by N (FSDP2 pads each parameter's shard otherwise) and leaves out the
+    all-gather's transient copy-in and output buffers (``foreach_all_gather``) beside the prefetched layer.
     """
     b, s, e, N = setup.batch_size, setup.seq_len, setup.act_bytes, setup.num_gpus
     L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
