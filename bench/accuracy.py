@@ -244,30 +244,40 @@ FRAMEWORK_RECIPES: tuple[tuple[str, str, str], ...] = (
     ("pytorch", "bf16-mixed", "foreach"), ("pytorch", "bf16-mixed", "fused"), ("pytorch", "bf16-mixed", "for-loop"),
     ("pytorch", "fp16-mixed", "foreach"), ("pytorch", "bf16", "foreach"), ("pytorch", "fp32", "foreach"),
     ("deepspeed", "bf16-mixed", "foreach"),
+    ("fsdp2", "bf16-mixed", "foreach"), ("fsdp2", "bf16-mixed", "fused"),
 )
+#: The ZeRO stages each framework's recipes run at (FSDP2: 2 = ``reshard_after_forward=False``, 3 = ``True``).
+FRAMEWORK_ZERO: dict[str, tuple[int | None, ...]] = {"fsdp2": (2, 3)}
 
 
-def frameworks() -> int:
-    """Issue 17's targets: every framework recipe vs real CPU traces; Llama-2-7B's bytes per parameter."""
+def frameworks(only: tuple[str, ...] = ()) -> int:
+    """Issue 17's targets: every framework recipe vs real CPU traces; Llama-2-7B's bytes per parameter.
+
+    ``only``: these frameworks' recipes only (the Llama-2-7B PyTorch AMP rows run when ``pytorch`` is among them).
+    """
     errors: list[float] = []
     print("| model | framework | precision | impl | attention | recompute | estimate | CPU trace | error % |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, cfg in IMPL_TINY.items():
-        for framework, precision, impl in FRAMEWORK_RECIPES:
+        for framework, precision, impl in (r for r in FRAMEWORK_RECIPES if not only or r[0] in only):
             for attention in ("eager", "sdpa"):
-                for recompute in ("none", "full"):
+                stages = FRAMEWORK_ZERO.get(framework, (None,))
+                for recompute, zero in ((r, z) for r in ("none", "full") for z in stages):
                     kw: dict[str, Any] = dict(batch_size=2, seq_len=64, precision=precision, optimizer="adamw",
                                               attention=attention, recompute=recompute, optimizer_impl=impl,
-                                              framework=framework)
+                                              framework=framework, zero_stage=zero)
                     est = estimate_training(cfg, **kw)
                     traced = trace_training(cfg, device="cpu", **kw)
                     err = 100 * (est.total_bytes - traced.peak_bytes) / traced.peak_bytes
                     errors.append(abs(err))
-                    print(f"| {name} | {framework} | {precision} | {impl} | {attention} | {recompute} | "
+                    label = framework if zero is None else f"{framework} zero {zero}"
+                    print(f"| {name} | {label} | {precision} | {impl} | {attention} | {recompute} | "
                           f"{_size(est.total_bytes)} | {_size(traced.peak_bytes)} | {err:+.2f} |", flush=True)
     worst = max(errors)
     print(f"\nrecipes vs CPU traces: {len(errors)} cases, max |error| {worst:.2f} % (target ≤ 3 %)")
     ok = worst <= 3
+    if only and "pytorch" not in only:
+        return 0 if ok else 1
     n = count_params("llama-2-7b").params
     print("\n| Llama-2-7B, 1 × 4096, full recomputation | impl | estimate B/param | meta trace B/param | target |")
     print("|---|---|---|---|---|")
@@ -290,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", action="store_true",
                         help="instead: every model family, tiny configs on meta and CPU (see families())")
     parser.add_argument("--current", action="store_true", help="with --families: also the shipped current models")
-    parser.add_argument("--only", default="", help="with --families: these model_types only (comma-separated)")
+    parser.add_argument("--only", default="", help="with --families: these model_types only; with --frameworks: these "
+                                                   "frameworks only (comma-separated)")
     parser.add_argument("--optimizer-impl", nargs="?", const=",".join(OPTIMIZER_IMPLS), default=None,
                         help="instead: estimate vs trace per AdamW implementation (comma-separated, default all)")
     parser.add_argument("--frameworks", action="store_true",
                         help="instead: issue 17's framework recipes vs CPU traces and Llama-2-7B's bytes per parameter")
     args = parser.parse_args(argv)
     if args.frameworks:
-        return frameworks()
+        return frameworks(tuple(f for f in args.only.split(",") if f))
     if args.optimizer_impl is not None:
         impls = tuple(i for i in args.optimizer_impl.split(",") if i)
         try:

@@ -144,9 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--attention", choices=ATTENTION, default="sdpa")
     r.add_argument("--recompute", choices=tuple(x for x in RECOMPUTE if x != "selective"), default="none",
                    help="the trace runs transformers' gradient checkpointing (full) or none")
-    r.add_argument("--framework", choices=("pytorch", "deepspeed"), default="pytorch",
-                   help="whose mixed-precision step: pytorch (default: torch.autocast, fp32 weights and grads) or "
-                        "deepspeed (16-bit weights and grads, fp32 flat master; mixed precisions only)")
+    r.add_argument("--framework", choices=("pytorch", "deepspeed", "megatron"), default="pytorch",
+                   help="whose mixed-precision step: pytorch (default: torch.autocast, fp32 weights and grads), "
+                        "deepspeed (16-bit weights and grads, fp32 flat master) or megatron (16-bit weights, fp32 "
+                        "main_grad buffer and main params); deepspeed and megatron: mixed precisions only. FSDP2 "
+                        "is traced from Python on real tensors (memlib.measure.trace.trace_training)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 

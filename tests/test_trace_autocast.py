@@ -116,7 +116,9 @@ def test_deepspeed_recipe_layout_and_meta_equals_cpu() -> None:
 def test_framework_errors_are_one_line() -> None:
     with pytest.raises(MemlibError, match="unknown framework 'jax'; expected one of: pytorch, deepspeed, fsdp2"):
         trace_training("gpt2", framework="jax")
-    with pytest.raises(MemlibError, match="framework 'fsdp2' cannot be traced; expected one of: pytorch, deepspeed"):
+    with pytest.raises(MemlibError, match="framework 'megatron' traces mixed precision"):
+        trace_training("gpt2", framework="megatron", precision="fp32")
+    with pytest.raises(MemlibError, match="framework 'fsdp2' is not traced with device 'meta'; expected one of: cpu, cuda"):
         trace_training("gpt2", framework="fsdp2")
     with pytest.raises(MemlibError, match="framework 'deepspeed' traces mixed precision"):
         trace_training("gpt2", framework="deepspeed", precision="bf16")

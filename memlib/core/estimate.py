@@ -31,6 +31,7 @@ from .errors import MemlibError, check_choice, check_positive
 from .frameworks import (_ADAMW_TEMP_BYTES, _for_loop_elements, _lora_for_loop_elements, _parameter_order,
                          bucket_bytes, gathered_bytes, model_state_bytes, offload_split, optimizer_state_bytes,
                          optimizer_step_bytes, shard_states, state_bytes, zero3_gathered_bytes)
+from .frameworks import fsdp2_backward_bytes, fsdp2_traced_layout
 from .lora import quantized_weight_bytes, targeted_linears
 from .params import count_params
 from .setup import InferenceSetup, TrainingSetup
@@ -392,6 +393,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         backward_extra = g_bytes + backward_peak_bytes(cfg, setup, acts, 0, n, n_train, layer_params)
     else:
         backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
+    if fsdp2_traced_layout(setup):  # FSDP2's own backward moments; its working set is gone by the step
+        p_bytes, g_bytes = p_bytes - gathered_p, g_bytes - gathered_g
+        layer_acts = (acts.bytes - _sum_terms(acts.terms)[1]) // cfg.num_layers
+        backward_extra = fsdp2_backward_bytes(cfg, setup, acts.bytes, layer_acts, acts.live_layer, n, layer_params)
     bucket_backward, bucket_step = bucket_bytes(setup)
     backward_extra += bucket_backward
     step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train) + bucket_step

@@ -17,7 +17,9 @@ parameter count, N the data-parallel ranks sharing the states (``setup.num_gpus`
   reduce bucket (:func:`step_temp_bytes`, :func:`bucket_bytes`).
 * **fsdp2** (``torch/distributed/fsdp/_fully_shard``: ``fully_shard`` with
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): sharded fp32 params, grads and Adam states,
-  (4 + 4 + 8)/N, plus the unsharded working set (:func:`gathered_bytes`).
+  (4 + 4 + 8)/N, plus the unsharded working set (:func:`gathered_bytes`), live in the backward pass only
+  (:func:`fsdp2_backward_bytes`; checked against real ``fully_shard`` traces on one and two gloo ranks,
+  ``tests/test_trace_fsdp2.py``).
 * **megatron** (Megatron-LM, docs "Distributed Optimizer"; ``megatron/core/distributed/
   param_and_grad_buffer.py``, ``megatron/core/optimizer/distrib_optimizer.py``): bf16 params 2 + the fp32
   ``main_grad`` buffer 4 + fp32 main params, m, v 12 = 18 bytes/param; the distributed optimizer (ZeRO-1
@@ -34,7 +36,7 @@ from .lora import lora_params, lora_small_tensor_params, qlora_base_bytes, targe
 from .setup import TrainingSetup
 
 __all__ = ["layout_bytes", "state_bytes", "optimizer_state_bytes", "model_state_bytes", "shard_states",
-           "gathered_bytes", "zero3_gathered_bytes", "offload_split", "bucket_bytes", "optimizer_step_bytes",
+           "gathered_bytes", "fsdp2_backward_bytes", "fsdp2_traced_layout", "zero3_gathered_bytes", "offload_split", "bucket_bytes", "optimizer_step_bytes",
            "GRAD_SCALER_BYTES", "DS_REDUCE_BUCKET", "DS_SUB_GROUP_SIZE"]
 
 #: ``torch.amp.GradScaler``'s tensors on the device: ``_scale`` (fp32), ``_growth_tracker`` (int32) and the
@@ -156,7 +158,13 @@ def gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n
       (zero 3) the layer being computed and the prefetched next, 2·p·U; with ``False`` (zero 2) every layer's
       from the forward to its backward, p·Ψ. Gradients: one layer's unsharded gradient in ``param_dtype`` plus
       its fp32 copy for ``reduce_dtype`` before the reduce-scatter (``_fsdp_collectives.py``:
-      ``foreach_reduce``), (p + 4)·U under mixed precision, p·U otherwise.
+      ``foreach_reduce``), (p + 4)·U under mixed precision, p·U otherwise. That is the coarse model kept for
+      LoRA and ``CPUOffloadPolicy``; full fine-tuning without offload (:func:`fsdp2_traced_layout`) returns the
+      working set at its largest as :func:`fsdp2_backward_bytes` follows it, which the estimate counts in the
+      backward pass only (FSDP2 reshards every group after its backward: none of it is live at the step):
+      weights p·U_r (the root group: embedding, final norm, LM head) + p·U_l for each layer unsharded at once
+      (zero 2: all L; zero 3: 1, or 2 with the prefetch of N > 1 ranks); gradients the LM head's and final
+      norm's p·(V·h + h) + one layer's unsharded gradients and reduce-scatter input, (p + r)·U_l.
 
     Returns:
         (gathered weight bytes, gathered gradient bytes); (0, 0) for pytorch, megatron, deepspeed below
@@ -166,6 +174,12 @@ def gathered_bytes(cfg: ModelConfig | None, layer_params: int, p_sharded: int, n
     if cfg is None or fw in ("pytorch", "megatron") or (fw == "deepspeed" and setup.zero_stage != 3):
         return 0, 0
     biggest = max(layer_params, cfg.vocab_size * cfg.hidden_size)
+    if fw == "fsdp2" and fsdp2_traced_layout(setup):  # freed before the step: fsdp2_backward_bytes' moments
+        p, r = (4, 4) if setup.precision == "fp32" else (2, 2) if setup.precision == "bf16" else (2, 4)
+        u_root = n - cfg.num_layers * layer_params
+        layers = cfg.num_layers if setup.zero_stage == 2 else 1 + (1 if setup.num_gpus > 1 else 0)
+        return (p * (u_root + layers * layer_params),
+                p * (cfg.vocab_size * cfg.hidden_size + cfg.hidden_size) + (p + r) * layer_params)
     if fw == "fsdp2":
         pb = 4 if setup.precision == "fp32" else 2
         weights = pb * n if setup.zero_stage == 2 else 2 * pb * biggest
@@ -335,3 +349,81 @@ def _lora_for_loop_elements(cfg: ModelConfig, setup: TrainingSetup) -> int:
     order = [x for _, d_in, d_out in targeted_linears(cfg, setup.lora_targets) for x in (r * d_in, d_out * r)]
     order = order * cfg.num_layers
     return max(prev + 2 * cur for prev, cur in zip([0] + order, order))
+
+
+def fsdp2_traced_layout(setup: TrainingSetup) -> bool:
+    """Whether FSDP2's working set is modelled moment by moment (:func:`fsdp2_backward_bytes`, checked against
+    real ``fully_shard`` traces): full fine-tuning without offload. LoRA and ``CPUOffloadPolicy`` keep the
+    coarser :func:`gathered_bytes` (two gathered units, or every layer at zero 2, live at both peaks)."""
+    return setup.framework == "fsdp2" and setup.method == "full" and setup.offload == "none"
+
+
+def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int, layer_acts: int, live_layer: int,
+                         n: int, layer_params: int) -> int:
+    """FSDP2's bytes on top of its sharded parameters and optimizer states at the backward pass's peak.
+
+    Followed through ``torch/distributed/fsdp/_fully_shard`` (``fully_shard`` on every decoder layer, then the
+    root: embedding, final norm and LM head; traced for real by :mod:`memlib.measure.recipes`). A = saved
+    activations, ``layer_acts`` one layer's (or one segment input's) share of them, e the activation bytes,
+    p the ``param_dtype`` bytes (2 under mixed precision and bf16, 4 in fp32), r the ``reduce_dtype`` bytes (4
+    under mixed precision), q the sharded gradient's (the model's own dtype), U_l a layer's and U_r the root's
+    parameters, N the ranks:
+
+    * working set (``_fsdp_param_group.py``, ``FSDPParamGroup.unshard``/``wait_for_unshard``/``reshard``): the
+      root is unsharded from the loss to the end of the backward (its embedding's gradient comes last), p·U_r;
+      a layer from its ``pre_backward`` to its ``post_backward``. With ``reshard_after_forward=True`` (zero 3)
+      that is one layer, plus the next one ``_backward_prefetch`` all-gathers when N > 1 (one rank skips the
+      all-gather: ``unshard`` returns at once for world size 1 and ``wait_for_unshard`` copies); with ``False``
+      (zero 2) every layer not yet through its backward stays unsharded from the forward on.
+    * gradients: autograd's unsharded gradients in ``param_dtype``; ``post_backward`` reshards the layer, then
+      ``_fsdp_collectives.py``'s ``foreach_reduce`` copies them into a reduce-scatter input in
+      ``reduce_dtype`` (r·U_l) and reduces into the sharded gradient (q·U_l/N). The input is kept in
+      ``reduce_scatter_states`` until the next group's ``post_backward`` (``reduce_scatter_max_input_buffers``
+      1), so one layer's r·U_l lives through the next layer's backward. The root's LM-head and final-norm
+      gradients, p·(V·h + h), wait for the root's reduce at the end.
+
+    The peak is the largest of these moments (the activation temporaries as in
+    :func:`memlib.core.estimate.backward_peak_bytes`):
+
+    * loss backward: A + 2·4·T·V + p·U_r + the layers unsharded then (zero 2: all; zero 3: the prefetched
+      top layer when N > 1);
+    * the top layer's backward: A − 4TV + p·(V·h + h) + p·U_r + its unsharded layers + the re-materialized
+      segment + the MLP's backward temporaries;
+    * layer i's backward, i < L (the peak under full recomputation, low in the stack): the saved activations
+      of layers 1..i, i·``layer_acts``, + the sharded gradients of the L − i layers above, q·(L − i)·U_l/N, the
+      reduce-scatter input of layer i + 1, r·U_l, p·(V·h + h), p·U_r, the unsharded layers (zero 2: layers
+      1..i; zero 3: layer i, and i − 1 prefetched when N > 1), the segment and the MLP temporaries;
+    * the root's reduce: q·L·U_l/N + the root's gradients p·U_r and their reduce-scatter input r·U_r.
+
+    Limitations: the re-materialized layer's backward is :func:`memlib.core.estimate.backward_peak_bytes`' bound
+    (the whole layer's activations plus the larger of the MLP's and the eager attention's temporaries); the
+    traced peak falls inside the attention's backward with the MLP's activations already freed, so full
+    recomputation is over-estimated by a few percent on tiny models (see ``bench/accuracy.py --frameworks``).
+    N > 1 assumes dim-0 sizes divisible by N (FSDP2 pads each parameter's shard otherwise) and leaves out the
+    all-gather's transient copy-in and output buffers (``foreach_all_gather``) beside the prefetched layer.
+    """
+    b, s, e, N = setup.batch_size, setup.seq_len, setup.act_bytes, setup.num_gpus
+    L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
+    p = 4 if setup.precision == "fp32" else 2
+    q = 2 if setup.precision == "bf16" else 4
+    r = 4 if setup.precision != "bf16" else 2
+    u_l, u_r = layer_params, n - L * layer_params
+    prefetch = 1 if N > 1 else 0
+    zero3 = setup.zero_stage == 3
+    head_grads = p * (V * h + h)
+    logsm = 4 * T * V
+    mlp_temp = 3 * e * T * f + 2 * e * T * h
+    if setup.attention == "eager" and setup.recompute != "none":
+        mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
+    at_loss = p * u_l * (prefetch if zero3 else L)
+    at_top = p * u_l * (1 + prefetch if zero3 else L)
+    candidates = [
+        acts_bytes + 2 * logsm + p * u_r + at_loss,
+        acts_bytes - logsm + head_grads + p * u_r + at_top + live_layer + mlp_temp,
+        -(-q * L * u_l // N) + (p + r) * u_r,
+    ]
+    for i in range(1, L):  # layer i's backward, below the top one: layers i+1..L are reduced and resharded
+        unsharded = p * u_l * (i if not zero3 else 1 + (prefetch if i > 1 else 0))
+        candidates.append(i * layer_acts + -(-q * (L - i) * u_l // N) + r * u_l + head_grads + p * u_r + unsharded
+                          + live_layer + mlp_temp)
+    return max(candidates)

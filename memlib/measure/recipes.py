@@ -2,12 +2,15 @@
 
 :func:`memlib.measure.trace.trace_training` runs ``torch.amp.GradScaler`` for ``fp16-mixed`` under
 ``framework="pytorch"`` (:func:`_grad_scaler`), DeepSpeed's ZeRO stage 1/2 optimizer of one rank for
-``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`) and Megatron-LM's mixed-precision
+``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`), Megatron-LM's mixed-precision
 optimizer of one data-parallel rank for ``framework="megatron"`` (:func:`_megatron_setup`,
-:func:`_megatron_step`). torch is imported lazily.
+:func:`_megatron_step`), and PyTorch's FSDP2 (``fully_shard``) for ``framework="fsdp2"`` (:func:`_fsdp2_group`,
+:func:`_fsdp2_shard`, :func:`_fsdp2_storage_hooks`). torch is imported lazily.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from ..core.categories import MemCategory
@@ -151,3 +154,82 @@ def _megatron_step(params: list[Any], mains: list[Any], grad_data: Any, opt: Any
             p.copy_(m)
             m.grad = None
         grad_data.zero_()
+
+
+@contextlib.contextmanager
+def _fsdp2_group(device: str) -> Iterator[Any]:
+    """The device mesh FSDP2 shards over: the caller's process group if one exists, else a one-rank gloo group.
+
+    The one-rank group lives in a ``torch.distributed.HashStore`` (no port, no file: two traces never collide)
+    and is destroyed on exit; a group the caller made (e.g. ``torchrun``, or the two-rank test) is used as it
+    is and left alone.
+    """
+    _torch()
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh(device, (dist.get_world_size(),))
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def _fsdp2_shard(net: Any, layers: Any, mesh: Any, precision: str, zero_stage: int) -> None:
+    """Apply FSDP2 as users do: ``fully_shard`` on every decoder layer, then on the root model.
+
+    ``torch/distributed/fsdp/_fully_shard/_fully_shard.py``: ``fully_shard(module, mesh=..., mp_policy=...,
+    reshard_after_forward=...)``, the layers first so that each is its own parameter group
+    (``FSDPParamGroup``) and the root group holds the rest (embedding, final norm, LM head). Mixed precision is
+    ``MixedPrecisionPolicy(param_dtype=bf16 or fp16, reduce_dtype=fp32)`` on the fp32 model; ``fp32`` and pure
+    ``bf16`` shard the model in its own dtype with the default policy. ``zero_stage`` 3 is
+    ``reshard_after_forward=True``, 2 is ``False``, for every group alike (as Hugging Face Accelerate passes its
+    one setting to the layers and the root).
+    """
+    torch = _torch()
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    low = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
+    mp = (MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32) if low is not None
+          else MixedPrecisionPolicy())
+    kw = dict(mesh=mesh, mp_policy=mp, reshard_after_forward=zero_stage == 3)
+    for layer in layers:
+        fully_shard(layer, **kw)
+    fully_shard(net, **kw)
+
+
+@contextlib.contextmanager
+def _fsdp2_storage_hooks(tracker: MemoryTracker) -> Iterator[None]:
+    """Tell ``tracker`` when FSDP2 gives an unsharded parameter's storage memory or takes it back.
+
+    FSDP2 allocates each parameter's all-gather output once (``FSDPParam.init_all_gather_outputs``,
+    ``torch.empty``) and afterwards only resizes its storage: ``alloc_storage`` before the parameter is used
+    (``FSDPParamGroup.wait_for_unshard``, ``FSDPParam.init_unsharded_param``, ``to_unsharded``) and
+    ``free_storage`` when it is resharded (``FSDPParam.free_unsharded_param``), both
+    ``UntypedStorage.resize_`` (``_fsdp_param.py``), which no dispatch mode sees. Wrapped here, both report to
+    :meth:`MemoryTracker.resized`; every other FSDP2 buffer (the copy-in and all-gather outputs of
+    ``foreach_all_gather``, the reduce-scatter input and output of ``foreach_reduce``, ``_fsdp_collectives.py``)
+    is a ``torch.empty`` and ops on it, which the tracker's dispatch mode sees.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(tensor: Any) -> None:
+        alloc(tensor)
+        tracker.resized(tensor, MemCategory.PARAM)  # the unsharded (gathered) parameter
+
+    def free_storage(tensor: Any) -> None:
+        free(tensor)
+        tracker.resized(tensor)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+        _fsdp_param.free_storage = free

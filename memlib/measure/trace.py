@@ -4,9 +4,9 @@ The tracer runs one transformers model built from a config through forward + los
 ``optimizer.step()`` + ``zero_grad(set_to_none=True)`` twice, and reports the peak of live tensor bytes
 in the second (steady-state) step, by category. On the ``meta`` device no memory is allocated and no
 weights exist, so a 70B model traces in seconds on a laptop. Mixed precision runs a framework's recipe
-(``framework``): PyTorch AMP (``torch.autocast``, emulated on meta by :mod:`memlib.measure.autocast`) or
-DeepSpeed's ZeRO-1/2 optimizer on one rank (:mod:`memlib.measure.recipes`). torch and transformers are imported
-lazily.
+(``framework``): PyTorch AMP (``torch.autocast``, emulated on meta by :mod:`memlib.measure.autocast`),
+DeepSpeed's ZeRO-1/2 optimizer on one rank, or PyTorch's FSDP2 (``fully_shard``, real tensors only)
+(:mod:`memlib.measure.recipes`). torch and transformers are imported lazily.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from .deps import require_torch
 from .hf_config import load_any_config
 from . import tracker as _tracker
 from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
-from .recipes import _deepspeed_setup, _deepspeed_step, _grad_scaler, _megatron_setup, _megatron_step
+from .recipes import (_deepspeed_setup, _deepspeed_step, _fsdp2_group, _fsdp2_shard, _fsdp2_storage_hooks,
+                      _grad_scaler, _megatron_setup, _megatron_step)
 from .tracker import MemoryTracker, _cached_meta_mode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,7 +39,9 @@ __all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRA
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
 TRACE_OPTIMIZERS = OPTIMIZERS
 #: The frameworks whose training recipe :func:`trace_training` runs (of :data:`memlib.core.choices.FRAMEWORKS`).
-TRACE_FRAMEWORKS = ("pytorch", "deepspeed", "megatron")
+TRACE_FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
+#: The precisions FSDP2 is traced in (:func:`memlib.measure.recipes._fsdp2_shard`).
+FSDP2_PRECISIONS = ("bf16-mixed", "fp32", "bf16")
 
 
 def _torch() -> Any:
@@ -301,7 +304,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
                    seed: int = 0, extrapolate: bool = True,
                    model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
-                   framework: str = "pytorch", autocast_lists: str = "cuda") -> TraceResult:
+                   framework: str = "pytorch", autocast_lists: str = "cuda",
+                   zero_stage: int | None = None) -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -354,8 +358,16 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
               the fp32 ``main_grad`` buffer every gradient is added into, fp32 main parameters stepped by a fused
               Adam (:func:`memlib.measure.recipes._megatron_setup`, :func:`memlib.measure.recipes._megatron_step`).
               Only mixed precisions; ``optimizer_impl`` is ignored for AdamW.
+            * ``fsdp2``: PyTorch's FSDP2 for real (:func:`memlib.measure.recipes._fsdp2_shard`):
+              ``fully_shard`` on every decoder layer and then the root, ``MixedPrecisionPolicy(param_dtype=bf16,
+              reduce_dtype=fp32)`` on the fp32 model for ``bf16-mixed`` (``fp32`` and ``bf16`` shard the model
+              in its own dtype), over the caller's process group or else a one-rank gloo group made and
+              destroyed here. ``torch.optim.AdamW`` steps the sharded ``DTensor`` parameters. Real tensors only
+              (``cpu``, ``cuda``): FSDP2 refuses meta parameters.
         autocast_lists: on meta, whose autocast op lists the emulation mirrors: ``cuda`` (default: the GPUs
             the estimates are for) or ``cpu`` (to compare with a real CPU trace). Real devices use their own.
+        zero_stage: ``fsdp2`` only: 3 (default; ``reshard_after_forward=True``) or 2 (``False``: the
+            unsharded parameters stay from the forward to the backward), as ``estimate_training``'s ``zero``.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -385,13 +397,25 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     if framework in ("deepspeed", "megatron") and not precision.endswith("-mixed"):
         raise MemlibError(f"framework {framework!r} traces mixed precision, not precision {precision!r}; "
                           "expected one of: bf16-mixed, fp16-mixed")
+    if framework == "fsdp2":
+        zero_stage = 3 if zero_stage is None else zero_stage
+        check_choice("zero stage", zero_stage, (2, 3))
+        for name, value, valid in (("precision", precision, FSDP2_PRECISIONS), ("device", device, ("cpu", "cuda")),
+                                   ("optimizer", optimizer, ("sgd", "sgd-momentum", "adamw"))):
+            if value not in valid:  # device: FSDP2's lazy init refuses meta parameters (_validate_no_meta_params)
+                raise MemlibError(f"framework 'fsdp2' is not traced with {name} {value!r}; expected one of: "
+                                  f"{', '.join(valid)}")
+    elif zero_stage is not None:
+        raise MemlibError(f"zero_stage {zero_stage!r} is traced for framework 'fsdp2' only; expected None for "
+                          f"framework {framework!r}")
     if optimizer == "adamw-8bit" and device == "meta":
         raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
     layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed,
-                            optimizer_impl=optimizer_impl, framework=framework, autocast_lists=autocast_lists)
+                            optimizer_impl=optimizer_impl, framework=framework, autocast_lists=autocast_lists,
+                            zero_stage=zero_stage)
     lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
     if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
             and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
@@ -405,7 +429,9 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             settings = _settings(cfg, kw)
             return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
                                peak_phase=phase, device=device, settings=settings, method="extrapolated")
-    tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, **kw)
+    with _fsdp2_group(device) if framework == "fsdp2" else contextlib.nullcontext() as mesh:
+        tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, mesh=mesh,
+                                        **kw)
     return TraceResult(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
                        peak_phase=tracker.peak_phase, device=device, settings=settings)
 
@@ -462,6 +488,7 @@ class _StepOptions(TypedDict):
     optimizer_impl: str
     framework: str
     autocast_lists: str
+    zero_stage: int | None
 
 
 def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
@@ -475,23 +502,29 @@ def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
         settings["optimizer_impl"] = impl
     if kw["device"] == "meta" and kw["framework"] == "pytorch" and kw["precision"].endswith("-mixed"):
         settings["autocast_lists"] = kw["autocast_lists"]
+    if kw["zero_stage"] is not None:
+        settings["zero_stage"] = kw["zero_stage"]
     return settings
 
 
 def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
                 recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
                 model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
-                framework: str = "pytorch", autocast_lists: str = "cuda") -> tuple[MemoryTracker, dict[str, Any]]:
-    """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
+                framework: str = "pytorch", autocast_lists: str = "cuda", zero_stage: int | None = None,
+                mesh: Any = None) -> tuple[MemoryTracker, dict[str, Any]]:
+    """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too.
+
+    FSDP2 (``framework="fsdp2"``) shards over ``mesh`` (:func:`memlib.measure.recipes._fsdp2_group`)."""
     torch = _torch()
     torch.manual_seed(seed)
     mixed = precision.endswith("-mixed")
     amp = mixed and framework == "pytorch"  # torch.autocast: fp32 model
     deepspeed = mixed and framework == "deepspeed"
     megatron = mixed and framework == "megatron"
+    fsdp2 = framework == "fsdp2"
     low = torch.float16 if precision.startswith("fp16") else torch.bfloat16
-    model_dtype = "fp32" if amp else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "bf16-mixed": "bf16",
-                                      "fp16-mixed": "fp16"}[precision]
+    model_dtype = "fp32" if amp or (fsdp2 and mixed) else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
+                                                           "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
     tracker = MemoryTracker(device)
     net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
     if model_hook is not None:
@@ -501,6 +534,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
             net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:  # pragma: no cover - older transformers
             net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if fsdp2:
+        _fsdp2_shard(net, _decoder_layers(net), mesh, precision, zero_stage or 3)
     params = [p for p in net.parameters() if p.requires_grad]
     if segments:
         _segment_hooks(net, tracker)
@@ -563,6 +598,9 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     # Warm-up: one optimizer step on zero gradients creates the optimizer states exactly as a first training
     # step would (a full first forward/backward would only cost time: nothing else outlives a step).
     warm = _cached_meta_mode(None) if device == "meta" and _tracker.META_CACHE else contextlib.nullcontext()
+    if fsdp2:  # FSDP2's lazy initialization and its all-gather outputs come with the first forward: a whole step
+        with _patched(attention == "sdpa"):
+            net(input_ids=input_ids, labels=input_ids).loss.backward()
     with warm:
         for group in opt.param_groups:
             for t in group["params"]:
@@ -572,7 +610,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     if segments:
         tracker.segment = "start"
     emulation = emulated(autocast_lists) if amp and device == "meta" else contextlib.nullcontext()
-    with _patched(attention == "sdpa"), tracker.mode(), emulation:
+    storage_hooks = _fsdp2_storage_hooks(tracker) if fsdp2 else contextlib.nullcontext()
+    with _patched(attention == "sdpa"), tracker.mode(), emulation, storage_hooks:
         tracker.track_optimizer(opt)
         tracker.reset_peak()
         if device == "cuda":
@@ -583,7 +622,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     settings = _settings(cfg, dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                                    attention=attention, recompute=recompute, device=device, seed=seed,
                                    optimizer_impl=optimizer_impl, framework=framework,
-                                   autocast_lists=autocast_lists))
+                                   autocast_lists=autocast_lists, zero_stage=zero_stage))
     if device == "cuda":  # the CUDA caching allocator's own view of the same step
         torch.cuda.synchronize()
         settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())

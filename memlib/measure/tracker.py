@@ -99,9 +99,17 @@ class MemoryTracker:
                 self.on_event("free", key, entry[0])
 
     def register(self, t: Any, category: MemCategory | None = None) -> None:
-        """Count the storage of tensor ``t`` (once) under ``category`` (default: the phase's)."""
+        """Count the storage of tensor ``t`` (once) under ``category`` (default: the phase's).
+
+        A tensor subclass that wraps others (FSDP2's sharded ``DTensor`` parameters, gradients and optimizer
+        states) counts its inner tensors (the rank's local shard), never the wrapper's own storage.
+        """
         torch = _torch()
         if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return
+        if (inner := _inner_tensors(t)) is not None:
+            for x in inner:
+                self.register(x, category)
             return
         st = t.untyped_storage()
         key = st._cdata
@@ -139,6 +147,10 @@ class MemoryTracker:
         torch = _torch()
         if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
             return
+        if (inner := _inner_tensors(t)) is not None:
+            for x in inner:
+                self.reclassify(x, category)
+            return
         key = t.untyped_storage()._cdata
         if key not in self.live:
             self.register(t, category)
@@ -152,6 +164,10 @@ class MemoryTracker:
         """Stop counting the storage of ``t``, now and later (e.g. optimizer step counters, which live on the
         host: in a CPU trace ``step_t += 1`` would otherwise count them again as the in-place op's output)."""
         torch = _torch()
+        if (inner := _inner_tensors(t)) is not None:
+            for x in inner:
+                self.forget(x)
+            return
         if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
             st = t.untyped_storage()
             key = st._cdata
@@ -159,6 +175,21 @@ class MemoryTracker:
             if key not in self._forgotten:
                 self._forgotten.add(key)
                 weakref.finalize(st, self._forgotten.discard, key)
+
+    def resized(self, t: Any, category: MemCategory | None = None) -> None:
+        """Recount the storage of ``t`` after ``UntypedStorage.resize_``, which no dispatch mode sees.
+
+        FSDP2 keeps each unsharded parameter's storage for the whole run and gives it memory, or takes it back,
+        with ``storage.resize_`` (``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``: ``alloc_storage``,
+        ``free_storage``): the tracker is told (:mod:`memlib.measure.recipes` wraps both). A storage resized to
+        0 bytes stops counting; one given memory counts again under ``category`` (default: the phase's).
+        """
+        torch = _torch()
+        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+            return
+        self._release(t.untyped_storage()._cdata)
+        if t.untyped_storage().nbytes() > 0:
+            self.register(t, category)
 
     # ------------------------------------------------------------------------------------ attach to a step
     def track_model(self, net: Any, *, grad_hooks: bool = True) -> int:
@@ -276,6 +307,19 @@ class MemoryTracker:
                 return out
 
         return _Mode()
+
+
+def _inner_tensors(t: Any) -> list[Any] | None:
+    """The tensors a wrapper subclass (``DTensor``: its ``_local_tensor``) holds, or None for a plain tensor."""
+    torch = _torch()
+    if type(t) in (torch.Tensor, torch.nn.Parameter):  # the common case, without the import below
+        return None
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return None
+    names, _ = t.__tensor_flatten__()
+    return [getattr(t, name) for name in names]
 
 
 #: Cache output metadata of functional ops on the meta device (see :func:`_cached_meta_mode`); the tests
