@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "deepspeed (ZeRO 0-3, offload), fsdp2 (ZeRO 2-3) or megatron (tp/pp, distributed optimizer)")
     t.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
+    t.add_argument("--bucket-view", action="store_true",
+                   help="PyTorch DDP (--framework pytorch, --gpus > 1) with gradient_as_bucket_view=True: the "
+                        "gradients are views of the Reducer's buckets (default False, DDP's: one more gradient copy)")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
     t.add_argument("--attention", choices=ATTENTION, default=None,
                    help="default sdpa (eager for gemma2, which transformers runs eager only)")
@@ -268,7 +271,8 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
                          cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
                          micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
-                         optimizer_impl=args.optimizer_impl, framework=args.framework)
+                         optimizer_impl=args.optimizer_impl, framework=args.framework,
+                         gradient_as_bucket_view=args.bucket_view)
 
 
 def _plan_text(result: Any) -> str:
@@ -286,7 +290,8 @@ def _plan_text(result: Any) -> str:
                      f"{st.cpu_bytes / GiB:>9.2f}  {fits:<4}  {needed:<6}  {st.cost}")
     if result.fits:
         ch = result.chosen
-        keys = ("framework", "precision", "attention", "batch_size", "accumulation_steps", "recompute", "zero_stage",
+        keys = ("framework", "precision", "attention", "batch_size", "accumulation_steps", "recompute",
+                "gradient_as_bucket_view", "zero_stage",
                 "optimizer", "method", "offload", "weights", "kv_dtype", "tensor_parallel", "pipeline_parallel")
         what = ", ".join(f"{k}={ch.settings[k]}" for k in keys if k in ch.settings)
         lines.append(f"fits: {what}")

@@ -26,19 +26,21 @@ from .deps import require_torch
 from .hf_config import load_any_config
 from . import tracker as _tracker
 from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
-from .recipes import _deepspeed_setup, _deepspeed_step, _grad_scaler
+from .recipes import _ddp_group, _ddp_wrap, _deepspeed_setup, _deepspeed_step, _grad_scaler
 from .tracker import MemoryTracker, _cached_meta_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRACE_PRECISIONS", "TRACE_OPTIMIZERS",
-           "TRACE_FRAMEWORKS"]
+           "TRACE_FRAMEWORKS", "TRACE_DATA_PARALLEL"]
 
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
 TRACE_OPTIMIZERS = OPTIMIZERS
 #: The frameworks whose training recipe :func:`trace_training` runs (of :data:`memlib.core.choices.FRAMEWORKS`).
 TRACE_FRAMEWORKS = ("pytorch", "deepspeed")
+#: The data-parallel wrappers :func:`trace_training` runs: none, or PyTorch's DistributedDataParallel (one rank).
+TRACE_DATA_PARALLEL = ("none", "ddp")
 
 
 def _torch() -> Any:
@@ -301,7 +303,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
                    seed: int = 0, extrapolate: bool = True,
                    model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
-                   framework: str = "pytorch", autocast_lists: str = "cuda") -> TraceResult:
+                   framework: str = "pytorch", autocast_lists: str = "cuda", data_parallel: str = "none",
+                   gradient_as_bucket_view: bool = False) -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -352,6 +355,14 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
               ``FusedAdam`` steps the flat fp32 master without temporaries, as ``fused=True`` does).
         autocast_lists: on meta, whose autocast op lists the emulation mirrors: ``cuda`` (default: the GPUs
             the estimates are for) or ``cpu`` (to compare with a real CPU trace). Real devices use their own.
+        data_parallel: ``none`` or ``ddp`` (``framework="pytorch"``, device ``cpu`` or ``meta``): the model runs
+            wrapped in ``torch.nn.parallel.DistributedDataParallel`` of a one-rank process group made and destroyed
+            inside the call (gloo on cpu, PyTorch's fake backend on meta; :func:`memlib.measure.recipes._ddp_group`).
+            Its Reducer's flat gradient buckets, allocated when DDP is built, count as gradients
+            (:func:`memlib.measure.recipes._ddp_wrap`). The traced step is DDP's first iteration: its one bucket
+            holds what the 25 MiB buckets rebuilt before the second forward hold in total.
+        gradient_as_bucket_view: DDP's flag (``data_parallel="ddp"`` only): True makes the gradients views of the
+            buckets.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -378,6 +389,13 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     if framework not in TRACE_FRAMEWORKS:
         raise MemlibError(f"framework {framework!r} cannot be traced; expected one of: {', '.join(TRACE_FRAMEWORKS)}")
     check_choice("autocast lists", autocast_lists, AUTOCAST_DEVICES)
+    check_choice("data parallel", data_parallel, TRACE_DATA_PARALLEL)
+    if data_parallel == "ddp" and (framework != "pytorch" or device == "cuda"):
+        raise MemlibError(f"data_parallel 'ddp' traces framework 'pytorch' on device cpu or meta (got framework "
+                          f"{framework!r}, device {device!r}); expected framework: pytorch, device one of: cpu, meta")
+    if gradient_as_bucket_view and data_parallel != "ddp":
+        raise MemlibError("gradient_as_bucket_view=True is DDP's flag; expected data_parallel: ddp "
+                          f"(got {data_parallel!r})")
     if framework == "deepspeed" and not precision.endswith("-mixed"):
         raise MemlibError(f"framework 'deepspeed' traces mixed precision, not precision {precision!r}; "
                           "expected one of: bf16-mixed, fp16-mixed")
@@ -387,7 +405,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     num_layers = int((overrides or {}).get(layer_key, cfg.num_layers))
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed,
-                            optimizer_impl=optimizer_impl, framework=framework, autocast_lists=autocast_lists)
+                            optimizer_impl=optimizer_impl, framework=framework, autocast_lists=autocast_lists,
+                            data_parallel=data_parallel, gradient_as_bucket_view=gradient_as_bucket_view)
     lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
     if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
             and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
@@ -458,6 +477,8 @@ class _StepOptions(TypedDict):
     optimizer_impl: str
     framework: str
     autocast_lists: str
+    data_parallel: str
+    gradient_as_bucket_view: bool
 
 
 def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
@@ -471,13 +492,23 @@ def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
         settings["optimizer_impl"] = impl
     if kw["device"] == "meta" and kw["framework"] == "pytorch" and kw["precision"].endswith("-mixed"):
         settings["autocast_lists"] = kw["autocast_lists"]
+    if kw["data_parallel"] != "none":  # the defaults are not echoed, so default JSON stays as it was
+        settings["data_parallel"] = kw["data_parallel"]
+        settings["gradient_as_bucket_view"] = kw["gradient_as_bucket_view"]
     return settings
 
 
-def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
+def _trace_once(cfg: ModelConfig, **kw: Any) -> tuple[MemoryTracker, dict[str, Any]]:
+    """One traced steady-state step (:func:`_trace_step`), in a one-rank process group of its own with DDP."""
+    with _ddp_group(kw["device"]) if kw.get("data_parallel") == "ddp" else contextlib.nullcontext():
+        return _trace_step(cfg, **kw)
+
+
+def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
                 recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
                 model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
-                framework: str = "pytorch", autocast_lists: str = "cuda") -> tuple[MemoryTracker, dict[str, Any]]:
+                framework: str = "pytorch", autocast_lists: str = "cuda", data_parallel: str = "none",
+                gradient_as_bucket_view: bool = False) -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too."""
     torch = _torch()
     torch.manual_seed(seed)
@@ -501,6 +532,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         _segment_hooks(net, tracker)
     flat16 = _deepspeed_setup(params) if deepspeed else None
     tracker.track_model(net)
+    # PyTorch DDP: the Reducer's buckets are made (and counted as GRAD) when the wrapper is built.
+    runner = _ddp_wrap(net, tracker, gradient_as_bucket_view) if data_parallel == "ddp" else net
     master = None
     if flat16 is not None:
         with tracker.mode():
@@ -523,7 +556,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     def step() -> None:
         with tracker.forward():
             with autocast:
-                loss = net(input_ids=input_ids, labels=input_ids).loss
+                loss = runner(input_ids=input_ids, labels=input_ids).loss
         with tracker.backward():
             if segments:
                 tracker.set_segment("loss-backward")
@@ -570,7 +603,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     settings = _settings(cfg, dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                                    attention=attention, recompute=recompute, device=device, seed=seed,
                                    optimizer_impl=optimizer_impl, framework=framework,
-                                   autocast_lists=autocast_lists))
+                                   autocast_lists=autocast_lists, data_parallel=data_parallel,
+                                   gradient_as_bucket_view=gradient_as_bucket_view))
     if device == "cuda":  # the CUDA caching allocator's own view of the same step
         torch.cuda.synchronize()
         settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
