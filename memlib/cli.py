@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--framework", choices=("pytorch", "deepspeed"), default="pytorch",
                    help="whose mixed-precision step: pytorch (default: torch.autocast, fp32 weights and grads) or "
                         "deepspeed (16-bit weights and grads, fp32 flat master; mixed precisions only)")
+    r.add_argument("--ddp", action="store_true",
+                   help="wrap the model in PyTorch DistributedDataParallel (a one-rank group): its gradient buckets")
+    r.add_argument("--bucket-view", action="store_true", help="with --ddp: gradient_as_bucket_view=True")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
@@ -255,7 +258,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
                          optimizer=args.optimizer, attention=args.attention, recompute=args.recompute,
-                         optimizer_impl=args.optimizer_impl, framework=args.framework)
+                         optimizer_impl=args.optimizer_impl, framework=args.framework,
+                         data_parallel="ddp" if args.ddp else "none", gradient_as_bucket_view=args.bucket_view)
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")

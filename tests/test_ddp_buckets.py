@@ -124,3 +124,17 @@ def test_trace_rejects_bad_ddp_settings() -> None:
         trace_training(LLAMA, gradient_as_bucket_view=True)
     with pytest.raises(MemlibError, match="data parallel"):
         trace_training(LLAMA, data_parallel="fsdp")
+
+
+def test_cli_trace_ddp(capsys: pytest.CaptureFixture) -> None:
+    """``memlib trace --ddp``: the meta trace of a real DDP step holds the estimate's extra gradient copy."""
+    traced = {}
+    for flags in (["--ddp"], ["--ddp", "--bucket-view"]):
+        assert main(["trace", "qwen2-0.5b", "--seq", "8", "--json", *flags]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["data_parallel"] == "ddp"
+        traced[len(flags)] = data["peak_bytes"]
+    n = estimate_training("qwen2-0.5b").settings["params"]
+    assert traced[1] - traced[2] == 4 * n
+    assert main(["trace", "qwen2-0.5b", "--seq", "8", "--bucket-view"]) == 2
+    assert "expected data_parallel: ddp" in capsys.readouterr().err
