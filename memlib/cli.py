@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "deepspeed (ZeRO 0-3, offload), fsdp2 (ZeRO 2-3) or megatron (tp/pp, distributed optimizer)")
     t.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
+    t.add_argument("--bucket-view", action="store_true",
+                   help="PyTorch DDP (--framework pytorch, --gpus > 1) with gradient_as_bucket_view=True: the "
+                        "gradients are views of the Reducer's buckets (default False, DDP's: one more gradient copy)")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
     t.add_argument("--attention", choices=ATTENTION, default=None,
                    help="default sdpa (eager for gemma2, which transformers runs eager only)")
@@ -149,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "deepspeed (16-bit weights and grads, fp32 flat master) or megatron (16-bit weights, fp32 "
                         "main_grad buffer and main params); deepspeed and megatron: mixed precisions only. FSDP2 "
                         "is traced from Python on real tensors (memlib.measure.trace.trace_training)")
+    r.add_argument("--ddp", action="store_true",
+                   help="wrap the model in PyTorch DistributedDataParallel (a one-rank group): its gradient buckets")
+    r.add_argument("--bucket-view", action="store_true", help="with --ddp: gradient_as_bucket_view=True")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
@@ -254,7 +260,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
                          optimizer=args.optimizer, attention=args.attention, recompute=args.recompute,
-                         optimizer_impl=args.optimizer_impl, framework=args.framework)
+                         optimizer_impl=args.optimizer_impl, framework=args.framework,
+                         data_parallel="ddp" if args.ddp else "none", gradient_as_bucket_view=args.bucket_view)
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")
@@ -270,7 +277,8 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          lora_rank=args.lora_rank, lora_targets=args.lora_targets, tp=args.tp, pp=args.pp,
                          cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
                          micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
-                         optimizer_impl=args.optimizer_impl, framework=args.framework)
+                         optimizer_impl=args.optimizer_impl, framework=args.framework,
+                         gradient_as_bucket_view=args.bucket_view)
 
 
 def _plan_text(result: Any) -> str:
@@ -288,7 +296,8 @@ def _plan_text(result: Any) -> str:
                      f"{st.cpu_bytes / GiB:>9.2f}  {fits:<4}  {needed:<6}  {st.cost}")
     if result.fits:
         ch = result.chosen
-        keys = ("framework", "precision", "attention", "batch_size", "accumulation_steps", "recompute", "zero_stage",
+        keys = ("framework", "precision", "attention", "batch_size", "accumulation_steps", "recompute",
+                "gradient_as_bucket_view", "zero_stage",
                 "optimizer", "method", "offload", "weights", "kv_dtype", "tensor_parallel", "pipeline_parallel")
         what = ", ".join(f"{k}={ch.settings[k]}" for k in keys if k in ch.settings)
         lines.append(f"fits: {what}")

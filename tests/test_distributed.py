@@ -28,8 +28,9 @@ def runs(request):
 def _memlib_states(strategy: str, n: int):
     # FSDP2 reshards after the backward whatever reshard_after_forward says: at rest both are ZeRO-3
     stage = 3 if strategy in ("zero2", "zero3") else STRATEGY_STAGE[strategy]
+    # run_sharded builds DDP with gradient_as_bucket_view=True: the gradients are views of DDP's buckets
     return estimate_training(params=PSI, precision="fp32", optimizer="adamw", zero_stage=stage, num_gpus=n,
-                             framework="fsdp2" if stage >= 2 else "pytorch")
+                             framework="fsdp2" if stage >= 2 else "pytorch", gradient_as_bucket_view=stage < 2)
 
 
 def test_model_states_per_rank_match_memlib(runs) -> None:

@@ -186,8 +186,10 @@ def test_more_gpus_never_raise_memory(model, precision, optimizer, stage, gpus, 
               framework=framework)
     fewer = estimate_training(model, num_gpus=gpus, **kw)
     more = estimate_training(model, num_gpus=gpus + 1, **kw)
-    assert more.total_bytes <= fewer.total_bytes
-    assert more.model_states_bytes <= fewer.model_states_bytes
+    # PyTorch on one GPU is no DDP; on two, DDP's Reducer buckets add at most one copy of the gradients.
+    ddp = fewer.grads_bytes if framework == "pytorch" and gpus == 1 else 0
+    assert more.total_bytes <= fewer.total_bytes + ddp
+    assert more.model_states_bytes <= fewer.model_states_bytes + ddp
 
 
 @settings(max_examples=60, deadline=None)

@@ -29,7 +29,7 @@ from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .frameworks import (_ADAMW_TEMP_BYTES, _for_loop_elements, _lora_for_loop_elements, _parameter_order,
-                         bucket_bytes, gathered_bytes, model_state_bytes, offload_split, optimizer_state_bytes,
+                         bucket_bytes, ddp_bucket_bytes, gathered_bytes, model_state_bytes, offload_split, optimizer_state_bytes,
                          optimizer_step_bytes, shard_states, state_bytes, zero3_gathered_bytes)
 from .frameworks import fsdp2_backward_bytes, fsdp2_traced_layout
 from .lora import quantized_weight_bytes, targeted_linears
@@ -77,7 +77,8 @@ class TrainingEstimate:
     Attributes:
         params_bytes: working weights (fp32 under PyTorch AMP and FSDP2's sharded params, 16-bit under
             DeepSpeed/Megatron mixed precision; :mod:`memlib.core.frameworks`).
-        grads_bytes: gradients.
+        grads_bytes: gradients; under PyTorch DDP with ``gradient_as_bucket_view=False`` (its default) the
+            Reducer's flat buckets too, one more gradient copy (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
         optimizer_bytes: optimizer states, fp32 master weights included (the ZeRO paper's KΨ; no master under
             PyTorch AMP and FSDP2, whose fp32 params are stepped directly).
         activations_bytes: bytes saved for backward at the end of the forward pass (None with ``params=``).
@@ -297,7 +298,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       pp: int | None = None, cp: int | None = None, ep: int | None = None,
                       sequence_parallel: bool | None = None, micro_batches: int | None = None,
                       pp_schedule: str | None = None, optimizer_impl: str | None = None,
-                      framework: str | None = None) -> TrainingEstimate:
+                      framework: str | None = None,
+                      gradient_as_bucket_view: bool | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
@@ -329,6 +331,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         optimizer_impl: ``foreach`` (default), ``fused`` or ``for-loop``: the torch.optim.AdamW implementation
             (``adamw`` only; :data:`memlib.core.choices.OPTIMIZER_IMPLS`).
         zero_stage: 0 (plain data parallel), 1, 2 or 3 (the stages ``framework`` supports).
+        gradient_as_bucket_view: PyTorch DDP's flag (``framework="pytorch"`` with ``num_gpus`` > 1, which is
+            ``DistributedDataParallel``): False (DDP's default) adds the Reducer's flat gradient buckets, one more
+            gradient copy live at the step; True makes the gradients views of them
+            (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
         framework: ``pytorch`` (default), ``deepspeed``, ``fsdp2`` or ``megatron``
             (:data:`memlib.core.choices.FRAMEWORK_SUPPORT` lists the ZeRO stages, offload and parallelism each
             supports; fsdp2's zero 2/3 are ``reshard_after_forward`` False/True).
@@ -365,7 +371,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     Limitations:
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
         ZeRO-3 adds two gathered layers of weights and one of gradients (the largest of a decoder layer and
-        the embedding); DeepSpeed's reduce bucket is counted at its default size, other buckets are not. LoRA activations are taken
+        the embedding); DeepSpeed's reduce bucket is counted at its default size, PyTorch DDP's buckets in full
+        (they cover every gradient); FSDP2's and Megatron's are not. LoRA activations are taken
         full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
         side of offload omits DeepSpeed's pinned buffers.
     """
@@ -374,7 +381,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         num_gpus=num_gpus, recompute=recompute, attention=attention, checkpoint_every=checkpoint_every,
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
-        optimizer_impl=optimizer_impl, framework=framework))
+        optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
@@ -384,15 +391,18 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     p_bytes, g_bytes, o_bytes, cpu_bytes = offload_split(p_bytes, g_bytes, o_bytes, n_train, setup)
     p_bytes += gathered_p
     g_bytes += gathered_g
+    ddp_backward, ddp_step = ddp_bucket_bytes(setup, g_bytes)  # PyTorch DDP's Reducer buckets
     settings = _echo(setup, cfg, n, n_train)
     if cfg is None:
-        return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, p_bytes + g_bytes + o_bytes, "states",
-                                settings, cpu_bytes)
+        return TrainingEstimate(p_bytes, g_bytes + ddp_step, o_bytes, None, 0, p_bytes + g_bytes + ddp_step + o_bytes,
+                                "states", settings, cpu_bytes)
     acts = saved_activations(cfg, setup)
     if setup.framework == "megatron":  # main_grad is one buffer, allocated with the model: all of it, all along
         backward_extra = g_bytes + backward_peak_bytes(cfg, setup, acts, 0, n, n_train, layer_params)
     else:
-        backward_extra = backward_peak_bytes(cfg, setup, acts, g_bytes, n, n_train, layer_params)
+        # With gradient_as_bucket_view the gradients are the buckets, live from the start: none accumulate besides.
+        accumulating = 0 if ddp_backward and not ddp_step else g_bytes
+        backward_extra = backward_peak_bytes(cfg, setup, acts, accumulating, n, n_train, layer_params) + ddp_backward
     if fsdp2_traced_layout(setup):  # FSDP2's own backward moments; its working set is gone by the step
         p_bytes, g_bytes = p_bytes - gathered_p, g_bytes - gathered_g
         layer_acts = (acts.bytes - _sum_terms(acts.terms)[1]) // cfg.num_layers
@@ -400,6 +410,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     bucket_backward, bucket_step = bucket_bytes(setup)
     backward_extra += bucket_backward
     step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train) + bucket_step
+    g_bytes += ddp_step
     backward_peak = p_bytes + o_bytes + backward_extra
     optimizer_peak = p_bytes + o_bytes + g_bytes + step_temp
     if optimizer_peak > backward_peak:
@@ -450,6 +461,8 @@ def _echo(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train: int) -
         "offload": setup.offload, "method": setup.method, "framework": setup.framework}
     if setup.optimizer_impl != "foreach":  # the default is not echoed, so default JSON stays as it was
         settings["optimizer_impl"] = setup.optimizer_impl
+    if setup.gradient_as_bucket_view:  # likewise
+        settings["gradient_as_bucket_view"] = True
     if setup.method != "full":
         settings.update(lora_rank=setup.lora_rank, lora_targets=setup.lora_targets)
     if cfg is not None:

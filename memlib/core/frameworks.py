@@ -10,7 +10,9 @@ parameter count, N the data-parallel ranks sharing the states (``setup.num_gpus`
   tensors (``_scale``, ``_growth_tracker``, ``found_inf``: 12 bytes). ``bf16`` is ``model.to(torch.bfloat16)``:
   2 + 2 + 2 per moment. ZeRO-1 is ``torch/distributed/optim/zero_redundancy_optimizer.py``'s
   ``ZeroRedundancyOptimizer``, which hands whole parameters to ranks greedily by size
-  (``_partition_parameters``): ⌈O/N⌉ is the estimate, exact up to that packing.
+  (``_partition_parameters``): ⌈O/N⌉ is the estimate, exact up to that packing. On more than one GPU the
+  model is ``DistributedDataParallel``, whose Reducer keeps every gradient in flat buckets too
+  (:func:`ddp_bucket_bytes`).
 * **deepspeed** (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``): the ZeRO paper's accounting
   (Rajbhandari et al. 2020, §5, ``rajbhandari2020zero``): 16-bit params 2 + 16-bit grads 2 + fp32 master,
   m, v 12, partitioned by stage (Table 1 stays exact), plus the step's fp32 gradient partition and the
@@ -36,7 +38,8 @@ from .lora import lora_params, lora_small_tensor_params, qlora_base_bytes, targe
 from .setup import TrainingSetup
 
 __all__ = ["layout_bytes", "state_bytes", "optimizer_state_bytes", "model_state_bytes", "shard_states",
-           "gathered_bytes", "fsdp2_backward_bytes", "fsdp2_traced_layout", "zero3_gathered_bytes", "offload_split", "bucket_bytes", "optimizer_step_bytes",
+           "gathered_bytes", "fsdp2_backward_bytes", "fsdp2_traced_layout", "zero3_gathered_bytes", "offload_split",
+           "bucket_bytes", "ddp_bucket_bytes", "optimizer_step_bytes",
            "GRAD_SCALER_BYTES", "DS_REDUCE_BUCKET", "DS_SUB_GROUP_SIZE"]
 
 #: ``torch.amp.GradScaler``'s tensors on the device: ``_scale`` (fp32), ``_growth_tracker`` (int32) and the
@@ -240,6 +243,36 @@ def bucket_bytes(setup: TrainingSetup) -> tuple[int, int]:
         return 0, 0
     bucket = int(state_bytes("deepspeed", setup.precision, setup.optimizer)[1] * DS_REDUCE_BUCKET)
     return bucket, bucket if setup.zero_stage == 3 else 0
+
+
+def ddp_bucket_bytes(setup: TrainingSetup, g_bytes: int) -> tuple[int, int]:
+    """PyTorch DDP's gradient buckets: (bytes live through the backward pass, bytes on top of the gradients at the step).
+
+    ``torch/nn/parallel/distributed.py`` (``DistributedDataParallel.__init__`` → ``_ddp_init_helper``) hands the
+    trainable parameters (``_build_params_for_reducer``: those with ``requires_grad``) to the C++ Reducer
+    (``torch/csrc/distributed/c10d/reducer.cpp``). ``Reducer::initialize_buckets``, run by its constructor,
+    allocates one flat ``bucket.gradients = at::empty({offset}, options)`` per bucket in the parameters' dtype;
+    the buckets together cover every trainable parameter once, so they hold g_bytes (the gradients' bytes:
+    4·Ψ under AMP, whose parameters and gradients are fp32; ZeroRedundancyOptimizer shards only the optimizer
+    states, not them). The sizes (``bucket_cap_mb`` 25 MiB, a first bucket of ``_DEFAULT_FIRST_BUCKET_BYTES``
+    = 1 MiB, one bucket for the first iteration without ``find_unused_parameters``; ``_rebuild_buckets``
+    re-splits them once, before the second forward) change how they are split, not the sum. They live as long
+    as the Reducer, through every backward pass and optimizer step.
+
+    * ``gradient_as_bucket_view=False`` (DDP's default): ``mark_variable_ready_dense`` copies each accumulated
+      ``param.grad`` into its bucket view (``at::mul_out`` by 1/world size) and, after the all-reduce,
+      ``copy_bucket_to_grad`` copies it back: the gradients and the buckets coexist, (g, g).
+    * ``gradient_as_bucket_view=True``: ``mark_variable_ready_dense`` points ``grad`` at its bucket view (the
+      tensor autograd accumulated is freed), so the gradients live in the buckets: the whole bucket memory is
+      there from the start of the backward pass, nothing more at the step, (g, 0). The accumulated tensor of
+      one parameter lives until its hook copies it (a transient this estimate leaves out).
+
+    Returns:
+        (0, 0) unless ``setup.ddp`` (``pytorch`` on more than one GPU); for one GPU no DDP is built.
+    """
+    if not setup.ddp or setup.model_parallel:
+        return 0, 0
+    return g_bytes, 0 if setup.gradient_as_bucket_view else g_bytes
 
 
 def optimizer_step_bytes(cfg: ModelConfig, setup: TrainingSetup, g_bytes: int, n: int, n_train: int) -> int:

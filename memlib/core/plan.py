@@ -28,7 +28,7 @@ JOBS = ("train", "lora", "qlora", "infer")
 #: The priority order for training (cheapest first), after the two source notes' lists: every full
 #: fine-tuning technique comes before LoRA / QLoRA, which changes the job. Inference has its own ladder.
 PRIORITY = ("bf16 mixed precision", "FlashAttention", "gradient accumulation", "activation checkpointing",
-            "ZeRO-1", "ZeRO-2", "8-bit AdamW", "ZeRO-3", "pure bf16", "switch to DeepSpeed", "CPU offload",
+            "DDP bucket views", "ZeRO-1", "ZeRO-2", "8-bit AdamW", "ZeRO-3", "pure bf16", "switch to DeepSpeed", "CPU offload",
             "LoRA / QLoRA")
 
 #: Memory kept free on every GPU for the CUDA context and library workspaces; the planner adds
@@ -137,6 +137,9 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
     if technique == "activation checkpointing":
         extra = recompute_overhead(cfg, setup.seq_len, setup.recompute)
         return f"{setup.recompute} recomputation: +{100 * extra:.1f} % compute"
+    if technique == "DDP bucket views":
+        return ("none: DistributedDataParallel(gradient_as_bucket_view=True), the gradients become views of DDP's "
+                "buckets (one fp32 gradient copy less); they can no longer be detach_()-ed")
     if technique == "ZeRO-1":
         how = ("Megatron's distributed optimizer" if setup.framework == "megatron"
                else "torch's ZeroRedundancyOptimizer")
@@ -182,7 +185,8 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     """Find the cheapest combination of techniques, in the priority order of the two source notes, that fits.
 
     Introduced in Chapter 13. Training jobs climb the ladder bf16 mixed precision → FlashAttention →
-    gradient accumulation → activation checkpointing (selective, then full) → ZeRO-1 or ZeRO-2 → 8-bit AdamW →
+    gradient accumulation → activation checkpointing (selective, then full) → DDP bucket views (``pytorch``,
+    ``gradient_as_bucket_view=True``: :func:`memlib.core.frameworks.ddp_bucket_bytes`) → ZeRO-1 or ZeRO-2 → 8-bit AdamW →
     ZeRO-3 → pure bf16 → switch to DeepSpeed → CPU offload (optimizer, then parameters) → LoRA/QLoRA,
     estimating per-GPU memory at each rung in the layout of ``framework`` with
     :func:`memlib.core.estimate.estimate_training`. Only the rungs the framework supports are climbed
@@ -325,7 +329,8 @@ def _public(setup: TrainingSetup, accumulation: int) -> dict[str, Any]:
             "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
             "recompute": setup.recompute, "attention": setup.attention, "offload": setup.offload,
             "method": setup.method, "lora_rank": setup.lora_rank, "accumulation_steps": accumulation,
-            "framework": setup.framework}
+            "framework": setup.framework,
+            **({"gradient_as_bucket_view": True} if setup.gradient_as_bucket_view else {})}  # shown when set
 
 
 #: One variant of a rung: the setup with the technique switched on, or None where the setup's framework lacks it.
@@ -362,7 +367,7 @@ def _switch(multi: bool) -> Change:
     def apply(setup: TrainingSetup) -> TrainingSetup | None:
         if setup.framework not in ("pytorch", "megatron"):
             return None
-        return replace(setup, framework="deepspeed", zero_stage=3 if multi else setup.zero_stage)
+        return replace(setup, framework="deepspeed", zero_stage=3 if multi else setup.zero_stage, gradient_as_bucket_view=False)
     return apply
 
 
@@ -381,6 +386,8 @@ def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tu
         ("FlashAttention", [_set(attention="sdpa")] if model_type != "gemma2" else []),
         ("gradient accumulation", [_set()] if b > 1 else []),
         ("activation checkpointing", [_set(recompute="selective"), _set(recompute="full")]),
+        ("DDP bucket views", [lambda st: replace(st, gradient_as_bucket_view=True) if st.ddp else None]
+         if multi else []),
         ("ZeRO-1", [lambda st: _zero(1)(st) if 2 not in FRAMEWORK_SUPPORT[st.framework][0] else None]
          if multi else []),
         ("ZeRO-2", [_zero(2)] if multi else []),
@@ -398,7 +405,8 @@ def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tu
 # What switching a rung off restores (for pruning): dataclasses.replace keywords. Gradient accumulation off
 # restores the whole batch as one micro-batch, the framework switch the framework (both in _prune).
 _OFF: dict[str, dict[str, Any]] = {
-    "gradient accumulation": {}, "activation checkpointing": {"recompute": "none"}, "ZeRO-1": {"zero_stage": 0},
+    "gradient accumulation": {}, "activation checkpointing": {"recompute": "none"},
+    "DDP bucket views": {"gradient_as_bucket_view": False}, "ZeRO-1": {"zero_stage": 0},
     "ZeRO-2": {"zero_stage": 0}, "8-bit AdamW": {"optimizer": "adamw"}, "ZeRO-3": {"zero_stage": 2},
     "pure bf16": {"precision": "bf16-mixed"}, "switch to DeepSpeed": {}, "CPU offload": {"offload": "none"}}
 

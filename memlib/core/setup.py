@@ -43,6 +43,11 @@ class TrainingSetup:
         sequence_parallel: Megatron sequence parallelism (with tp).
         micro_batches: pipeline micro-batches per step.
         pp_schedule: one of :data:`memlib.core.choices.SCHEDULES`.
+        gradient_as_bucket_view: PyTorch DDP's flag of that name (``framework="pytorch"``, ``num_gpus`` > 1, where
+            the estimate is ``DistributedDataParallel``, with ZeroRedundancyOptimizer at ZeRO-1): False (DDP's
+            default) keeps the Reducer's flat gradient buckets beside the gradients, one more gradient copy;
+            True makes the gradients views of the buckets (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
+            Without DDP (one GPU) it changes nothing.
 
     Raises:
         MemlibError: on construction, for a bad value (one line naming it and the valid choices) or a
@@ -72,6 +77,7 @@ class TrainingSetup:
     pp_schedule: str = "1f1b"
     optimizer_impl: str = "foreach"
     framework: str = "pytorch"
+    gradient_as_bucket_view: bool = False
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
@@ -89,6 +95,12 @@ class TrainingSetup:
                              ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches")):
             object.__setattr__(self, field, check_positive(label, getattr(self, field)))
         check_framework(self.framework, self.zero_stage, self.offload, self.parallel_degrees)
+        if not isinstance(self.gradient_as_bucket_view, bool):
+            raise MemlibError(f"invalid gradient_as_bucket_view {self.gradient_as_bucket_view!r}; expected one of: "
+                              "False, True")
+        if self.gradient_as_bucket_view and self.framework != "pytorch":
+            raise MemlibError(f"gradient_as_bucket_view=True is PyTorch DDP's setting (got framework "
+                              f"{self.framework!r}); expected framework: pytorch")
         if self.model_parallel:
             return  # memlib.core.parallel.check_layout checks the layout against the model
         if self.checkpoint_every != 1 and self.recompute != "full":
@@ -117,6 +129,11 @@ class TrainingSetup:
     def autocast(self) -> bool:
         """True for torch.autocast mixed precision: fp32 weights, 16-bit copies made per op (``pytorch`` only)."""
         return self.framework == "pytorch" and self.precision.endswith("-mixed")
+
+    @property
+    def ddp(self) -> bool:
+        """True when the estimate is PyTorch ``DistributedDataParallel``: ``pytorch`` on more than one GPU."""
+        return self.framework == "pytorch" and self.num_gpus > 1
 
     @property
     def act_bytes(self) -> int:

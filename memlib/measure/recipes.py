@@ -5,15 +5,20 @@
 ``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`), Megatron-LM's mixed-precision
 optimizer of one data-parallel rank for ``framework="megatron"`` (:func:`_megatron_setup`,
 :func:`_megatron_step`), and PyTorch's FSDP2 (``fully_shard``) for ``framework="fsdp2"`` (:func:`_fsdp2_group`,
-:func:`_fsdp2_shard`, :func:`_fsdp2_storage_hooks`). torch is imported lazily.
+:func:`_fsdp2_shard`, :func:`_fsdp2_storage_hooks`). With ``data_parallel="ddp"`` the model is wrapped in
+PyTorch's ``DistributedDataParallel`` of a one-rank group (:func:`_ddp_group`, :func:`_ddp_wrap`). torch is
+imported lazily.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from ..core.categories import MemCategory
+from ..core.errors import MemlibError
 from .deps import require_torch
 from .tracker import MemoryTracker
 
@@ -233,3 +238,114 @@ def _fsdp2_storage_hooks(tracker: MemoryTracker) -> Iterator[None]:
     finally:
         _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
         _fsdp_param.free_storage = free
+
+
+@contextlib.contextmanager
+def _ddp_group(device: str) -> Iterator[None]:
+    """A one-rank default process group for the trace's ``DistributedDataParallel``, destroyed on exit.
+
+    ``cpu``: gloo over a ``FileStore`` in a temporary file (no port). ``meta``: PyTorch's fake backend
+    (``torch.testing._internal.distributed.fake_pg``: collectives that touch no data), with DDP's construction-time
+    check that all ranks' parameter shapes agree (``_verify_param_shape_across_processes``, which reads a value
+    with ``.item()``) skipped: one rank agrees with itself.
+
+    Raises:
+        MemlibError: a default process group already exists (the trace needs a one-rank group of its own).
+    """
+    torch = _torch()
+    dist = torch.distributed
+    if dist.is_initialized():
+        raise MemlibError("data_parallel 'ddp' traces in a one-rank process group of its own, but one is already "
+                          "initialized; expected none (call torch.distributed.destroy_process_group() first)")
+    ddp_module: Any = torch.nn.parallel.distributed
+    verify = ddp_module._verify_param_shape_across_processes
+    path = None
+    if device == "meta":
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+        ddp_module._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    else:
+        fd, path = tempfile.mkstemp(prefix="memlib-ddp-")
+        os.close(fd)
+        dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+        dist.destroy_process_group()
+        if path is not None and os.path.exists(path):
+            os.remove(path)
+
+
+def _ddp_wrap(net: Any, tracker: MemoryTracker, gradient_as_bucket_view: bool) -> Any:
+    """``DistributedDataParallel(net)`` made under the tracker, its Reducer's buckets counted as GRAD.
+
+    The constructor (``torch/nn/parallel/distributed.py``, ``_ddp_init_helper``) builds the C++ Reducer, whose
+    ``Reducer::initialize_buckets`` (``torch/csrc/distributed/c10d/reducer.cpp``) allocates one flat
+    ``bucket.gradients`` per bucket with ``at::empty``: a dispatcher op, which the tracker's dispatch mode sees
+    like any other. It is made with the tracker's category set to GRAD, so those storages count as gradients
+    (anything else the constructor makes, the broadcast of the module states, is freed before the step).
+    """
+    torch = _torch()
+    before = tracker.category
+    with tracker.mode():
+        tracker.category = MemCategory.GRAD
+        try:
+            ddp = torch.nn.parallel.DistributedDataParallel(net, gradient_as_bucket_view=gradient_as_bucket_view)
+        finally:
+            tracker.category = before
+    if tracker.device_type == "meta":
+        # The fake backend's all-reduce completes with no tensor, which the Reducer refuses; a one-rank
+        # all-reduce is the bucket itself, in place: this comm hook returns it (no memory of its own).
+        def one_rank_allreduce(state: Any, bucket: Any) -> Any:
+            fut: Any = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        # DDP checks the hook's annotations as objects (this module's are strings).
+        one_rank_allreduce.__annotations__ = {"state": object, "bucket": torch.distributed.GradBucket,
+                                              "return": torch.futures.Future[torch.Tensor]}
+
+        ddp.register_comm_hook(None, one_rank_allreduce)
+    return ddp
+
+
+def _make_optimizer(name: str, params: list[Any], impl: str = "foreach") -> Any:
+    """The torch optimizer of a trace; ``impl`` picks torch.optim.AdamW's path (SGD and adamw-8bit ignore it)."""
+    torch = _torch()
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=True)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    if name == "adamw":
+        # Set explicitly (foreach=True is PyTorch's default on CUDA, foreach=False on CPU) so that meta, CPU and
+        # GPU traces run the same path.
+        flags = {"foreach": dict(foreach=True, fused=False), "fused": dict(foreach=False, fused=True),
+                 "for-loop": dict(foreach=False, fused=False)}[impl]
+        return torch.optim.AdamW(params, lr=1e-4, **flags)
+    try:
+        import bitsandbytes as bnb
+    except ImportError:  # pragma: no cover
+        raise ImportError("adamw-8bit needs bitsandbytes: pip install bitsandbytes") from None
+    return bnb.optim.AdamW8bit(params, lr=1e-4)
+
+
+def _init_fused_state(opt: Any) -> None:
+    """Create a fused AdamW's states as ``Adam._init_group`` does, skipping its device check (meta device).
+
+    ``_device_dtype_check_for_fused`` refuses meta tensors, although ``aten._fused_adamw_`` has a meta kernel
+    (``torch/_meta_registrations.py``, ``meta__fused_adam_``). With the states made here (a float32 ``step`` on the
+    parameter's device, m and v ``zeros_like`` the parameter) the check never runs and the step runs torch's own
+    ``_fused_adam``, so the meta trace holds what a CUDA or CPU fused step holds.
+    """
+    torch = _torch()
+    for group in opt.param_groups:
+        if not group.get("fused"):
+            continue
+        for p in group["params"]:
+            state = opt.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

@@ -26,15 +26,16 @@ from .deps import require_torch
 from .hf_config import load_any_config
 from . import tracker as _tracker
 from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
-from .recipes import (_deepspeed_setup, _deepspeed_step, _fsdp2_group, _fsdp2_shard, _fsdp2_storage_hooks,
-                      _grad_scaler, _megatron_setup, _megatron_step)
+from .recipes import (_ddp_group, _ddp_wrap, _deepspeed_setup, _deepspeed_step, _fsdp2_group, _fsdp2_shard,
+                      _fsdp2_storage_hooks, _grad_scaler, _init_fused_state, _make_optimizer, _megatron_setup,
+                      _megatron_step)
 from .tracker import MemoryTracker, _cached_meta_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRACE_PRECISIONS", "TRACE_OPTIMIZERS",
-           "TRACE_FRAMEWORKS"]
+           "TRACE_FRAMEWORKS", "TRACE_DATA_PARALLEL"]
 
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
 TRACE_OPTIMIZERS = OPTIMIZERS
@@ -42,6 +43,8 @@ TRACE_OPTIMIZERS = OPTIMIZERS
 TRACE_FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
 #: The precisions FSDP2 is traced in (:func:`memlib.measure.recipes._fsdp2_shard`).
 FSDP2_PRECISIONS = ("bf16-mixed", "fp32", "bf16")
+#: The data-parallel wrappers :func:`trace_training` runs: none, or PyTorch's DistributedDataParallel (one rank).
+TRACE_DATA_PARALLEL = ("none", "ddp")
 
 
 def _torch() -> Any:
@@ -259,53 +262,14 @@ def _model_classes(model_type: str) -> tuple[Any, Any]:
     return getattr(configs, config_name), getattr(models, model_name)
 
 
-def _make_optimizer(name: str, params: list[Any], impl: str = "foreach") -> Any:
-    """The torch optimizer of a trace; ``impl`` picks torch.optim.AdamW's path (SGD and adamw-8bit ignore it)."""
-    torch = _torch()
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, foreach=True)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-    if name == "adamw":
-        # Set explicitly (foreach=True is PyTorch's default on CUDA, foreach=False on CPU) so that meta, CPU and
-        # GPU traces run the same path.
-        flags = {"foreach": dict(foreach=True, fused=False), "fused": dict(foreach=False, fused=True),
-                 "for-loop": dict(foreach=False, fused=False)}[impl]
-        return torch.optim.AdamW(params, lr=1e-4, **flags)
-    try:
-        import bitsandbytes as bnb
-    except ImportError:  # pragma: no cover
-        raise ImportError("adamw-8bit needs bitsandbytes: pip install bitsandbytes") from None
-    return bnb.optim.AdamW8bit(params, lr=1e-4)
-
-
-def _init_fused_state(opt: Any) -> None:
-    """Create a fused AdamW's states as ``Adam._init_group`` does, skipping its device check (meta device).
-
-    ``_device_dtype_check_for_fused`` refuses meta tensors, although ``aten._fused_adamw_`` has a meta kernel
-    (``torch/_meta_registrations.py``, ``meta__fused_adam_``). With the states made here (a float32 ``step`` on the
-    parameter's device, m and v ``zeros_like`` the parameter) the check never runs and the step runs torch's own
-    ``_fused_adam``, so the meta trace holds what a CUDA or CPU fused step holds.
-    """
-    torch = _torch()
-    for group in opt.param_groups:
-        if not group.get("fused"):
-            continue
-        for p in group["params"]:
-            state = opt.state[p]
-            if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
 def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_size: int = 1, seq_len: int = 512,
                    precision: str = "bf16", optimizer: str = "adamw", attention: str = "sdpa",
                    recompute: str = "none", device: str = "meta", overrides: dict[str, Any] | None = None,
                    seed: int = 0, extrapolate: bool = True,
                    model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
                    framework: str = "pytorch", autocast_lists: str = "cuda",
-                   zero_stage: int | None = None) -> TraceResult:
+                   zero_stage: int | None = None, data_parallel: str = "none",
+                   gradient_as_bucket_view: bool = False) -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -368,6 +332,14 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             the estimates are for) or ``cpu`` (to compare with a real CPU trace). Real devices use their own.
         zero_stage: ``fsdp2`` only: 3 (default; ``reshard_after_forward=True``) or 2 (``False``: the
             unsharded parameters stay from the forward to the backward), as ``estimate_training``'s ``zero``.
+        data_parallel: ``none`` or ``ddp`` (``framework="pytorch"``, device ``cpu`` or ``meta``): the model runs
+            wrapped in ``torch.nn.parallel.DistributedDataParallel`` of a one-rank process group made and destroyed
+            inside the call (gloo on cpu, PyTorch's fake backend on meta; :func:`memlib.measure.recipes._ddp_group`).
+            Its Reducer's flat gradient buckets, allocated when DDP is built, count as gradients
+            (:func:`memlib.measure.recipes._ddp_wrap`). The traced step is DDP's first iteration: its one bucket
+            holds what the 25 MiB buckets rebuilt before the second forward hold in total.
+        gradient_as_bucket_view: DDP's flag (``data_parallel="ddp"`` only): True makes the gradients views of the
+            buckets.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -394,6 +366,13 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     if framework not in TRACE_FRAMEWORKS:
         raise MemlibError(f"framework {framework!r} cannot be traced; expected one of: {', '.join(TRACE_FRAMEWORKS)}")
     check_choice("autocast lists", autocast_lists, AUTOCAST_DEVICES)
+    check_choice("data parallel", data_parallel, TRACE_DATA_PARALLEL)
+    if data_parallel == "ddp" and (framework != "pytorch" or device == "cuda"):
+        raise MemlibError(f"data_parallel 'ddp' traces framework 'pytorch' on device cpu or meta (got framework "
+                          f"{framework!r}, device {device!r}); expected framework: pytorch, device one of: cpu, meta")
+    if gradient_as_bucket_view and data_parallel != "ddp":
+        raise MemlibError("gradient_as_bucket_view=True is DDP's flag; expected data_parallel: ddp "
+                          f"(got {data_parallel!r})")
     if framework in ("deepspeed", "megatron") and not precision.endswith("-mixed"):
         raise MemlibError(f"framework {framework!r} traces mixed precision, not precision {precision!r}; "
                           "expected one of: bf16-mixed, fp16-mixed")
@@ -415,7 +394,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
     kw: _StepOptions = dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                             attention=attention, recompute=recompute, device=device, seed=seed,
                             optimizer_impl=optimizer_impl, framework=framework, autocast_lists=autocast_lists,
-                            zero_stage=zero_stage)
+                            zero_stage=zero_stage, data_parallel=data_parallel,
+                            gradient_as_bucket_view=gradient_as_bucket_view)
     lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
     if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
             and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
@@ -489,6 +469,8 @@ class _StepOptions(TypedDict):
     framework: str
     autocast_lists: str
     zero_stage: int | None
+    data_parallel: str
+    gradient_as_bucket_view: bool
 
 
 def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
@@ -504,14 +486,24 @@ def _settings(cfg: ModelConfig, kw: _StepOptions) -> dict[str, Any]:
         settings["autocast_lists"] = kw["autocast_lists"]
     if kw["zero_stage"] is not None:
         settings["zero_stage"] = kw["zero_stage"]
+    if kw["data_parallel"] != "none":  # the defaults are not echoed, so default JSON stays as it was
+        settings["data_parallel"] = kw["data_parallel"]
+        settings["gradient_as_bucket_view"] = kw["gradient_as_bucket_view"]
     return settings
 
 
-def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
+def _trace_once(cfg: ModelConfig, **kw: Any) -> tuple[MemoryTracker, dict[str, Any]]:
+    """One traced steady-state step (:func:`_trace_step`), in a one-rank process group of its own with DDP."""
+    with _ddp_group(kw["device"]) if kw.get("data_parallel") == "ddp" else contextlib.nullcontext():
+        return _trace_step(cfg, **kw)
+
+
+def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str, optimizer: str, attention: str,
                 recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
                 model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
                 framework: str = "pytorch", autocast_lists: str = "cuda", zero_stage: int | None = None,
-                mesh: Any = None) -> tuple[MemoryTracker, dict[str, Any]]:
+                mesh: Any = None, data_parallel: str = "none",
+                gradient_as_bucket_view: bool = False) -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too.
 
     FSDP2 (``framework="fsdp2"``) shards over ``mesh`` (:func:`memlib.measure.recipes._fsdp2_group`)."""
@@ -541,6 +533,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         _segment_hooks(net, tracker)
     flat16 = _deepspeed_setup(params) if deepspeed else None
     tracker.track_model(net)
+    # PyTorch DDP: the Reducer's buckets are made (and counted as GRAD) when the wrapper is built.
+    runner = _ddp_wrap(net, tracker, gradient_as_bucket_view) if data_parallel == "ddp" else net
     master = None
     if flat16 is not None:
         with tracker.mode():
@@ -569,7 +563,7 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     def step() -> None:
         with tracker.forward():
             with autocast:
-                loss = net(input_ids=input_ids, labels=input_ids).loss
+                loss = runner(input_ids=input_ids, labels=input_ids).loss
         with tracker.backward():
             if segments:
                 tracker.set_segment("loss-backward")
@@ -622,7 +616,8 @@ def _trace_once(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     settings = _settings(cfg, dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                                    attention=attention, recompute=recompute, device=device, seed=seed,
                                    optimizer_impl=optimizer_impl, framework=framework,
-                                   autocast_lists=autocast_lists, zero_stage=zero_stage))
+                                   autocast_lists=autocast_lists, zero_stage=zero_stage,
+                                   data_parallel=data_parallel, gradient_as_bucket_view=gradient_as_bucket_view))
     if device == "cuda":  # the CUDA caching allocator's own view of the same step
         torch.cuda.synchronize()
         settings["cuda_max_memory_allocated"] = int(torch.cuda.max_memory_allocated())
