@@ -17,7 +17,9 @@ tiny Llama/Qwen2/Gemma configs (meta and CPU) and of Llama-2-7B and Qwen2.5-7B (
 (:func:`optimizer_impls`).
 
 ``--frameworks``: issue 17's targets (:func:`frameworks`): every traced framework recipe (PyTorch AMP with torch.autocast
-and each AdamW implementation, pure bf16, fp32, DeepSpeed's 16-bit model with fp32 master) estimated vs real CPU traces
+and each AdamW implementation, pure bf16, fp32, DeepSpeed's 16-bit model with fp32 master, FSDP2's real
+``fully_shard`` at zero 2 and 3, Megatron-LM's fp32 ``main_grad`` and main params, PyTorch DDP's gradient buckets with
+``gradient_as_bucket_view`` False and True) estimated vs real CPU traces
 of tiny Llama/Qwen2/Gemma configs, eager and sdpa, no recomputation and full (target: within 3 %); and Llama-2-7B,
 PyTorch AMP, 1 × 4096 tokens, full recomputation: the optimizer-step peak in bytes per parameter (target 20 ± 1 % with
 foreach, about 16 with fused).
@@ -245,9 +247,17 @@ FRAMEWORK_RECIPES: tuple[tuple[str, str, str], ...] = (
     ("pytorch", "fp16-mixed", "foreach"), ("pytorch", "bf16", "foreach"), ("pytorch", "fp32", "foreach"),
     ("deepspeed", "bf16-mixed", "foreach"),
     ("fsdp2", "bf16-mixed", "foreach"), ("fsdp2", "bf16-mixed", "fused"),
+    ("megatron", "bf16-mixed", "foreach"), ("megatron", "fp16-mixed", "foreach"),
+    ("pytorch ddp", "bf16-mixed", "foreach"), ("pytorch ddp", "bf16-mixed", "fused"),
 )
-#: The ZeRO stages each framework's recipes run at (FSDP2: 2 = ``reshard_after_forward=False``, 3 = ``True``).
-FRAMEWORK_ZERO: dict[str, tuple[int | None, ...]] = {"fsdp2": (2, 3)}
+#: The variants each framework's recipes run at: a label and the keywords of the estimate and of the trace
+#: (FSDP2: zero 2 = ``reshard_after_forward=False``, 3 = ``True``; PyTorch DDP on two GPUs, traced as one rank of
+#: ``DistributedDataParallel``, with ``gradient_as_bucket_view`` False and True).
+FRAMEWORK_VARIANTS: dict[str, tuple[tuple[str, dict[str, Any], dict[str, Any]], ...]] = {
+    "fsdp2": tuple((f"fsdp2 zero {z}", dict(zero_stage=z), dict(zero_stage=z)) for z in (2, 3)),
+    "pytorch ddp": tuple((f"pytorch DDP, bucket view {v}", dict(num_gpus=2, gradient_as_bucket_view=v),
+                          dict(data_parallel="ddp", gradient_as_bucket_view=v)) for v in (False, True)),
+}
 
 
 def frameworks(only: tuple[str, ...] = ()) -> int:
@@ -261,16 +271,15 @@ def frameworks(only: tuple[str, ...] = ()) -> int:
     for name, cfg in IMPL_TINY.items():
         for framework, precision, impl in (r for r in FRAMEWORK_RECIPES if not only or r[0] in only):
             for attention in ("eager", "sdpa"):
-                stages = FRAMEWORK_ZERO.get(framework, (None,))
-                for recompute, zero in ((r, z) for r in ("none", "full") for z in stages):
+                variants = FRAMEWORK_VARIANTS.get(framework, ((framework, {}, {}),))
+                for recompute, (label, est_kw, trace_kw) in ((r, v) for r in ("none", "full") for v in variants):
                     kw: dict[str, Any] = dict(batch_size=2, seq_len=64, precision=precision, optimizer="adamw",
                                               attention=attention, recompute=recompute, optimizer_impl=impl,
-                                              framework=framework, zero_stage=zero)
-                    est = estimate_training(cfg, **kw)
-                    traced = trace_training(cfg, device="cpu", **kw)
+                                              framework=framework.split()[0])
+                    est = estimate_training(cfg, **kw, **est_kw)
+                    traced = trace_training(cfg, device="cpu", **kw, **trace_kw)
                     err = 100 * (est.total_bytes - traced.peak_bytes) / traced.peak_bytes
                     errors.append(abs(err))
-                    label = framework if zero is None else f"{framework} zero {zero}"
                     print(f"| {name} | {label} | {precision} | {impl} | {attention} | {recompute} | "
                           f"{_size(est.total_bytes)} | {_size(traced.peak_bytes)} | {err:+.2f} |", flush=True)
     worst = max(errors)
