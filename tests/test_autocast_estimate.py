@@ -1,4 +1,5 @@
 """The estimator under torch.autocast (PyTorch AMP): the activation terms, and a real CPU autocast trace agrees."""
+import contextlib
 import dataclasses
 
 import pytest
@@ -148,41 +149,49 @@ TINY = {
 }
 
 
-def _amp_trace(cfg: dict, *, batch_size: int, seq_len: int, attention: str, recompute: str) -> dict:
-    """One CPU step of the fp32 model: forward + loss under torch.autocast("cpu", bfloat16), backward, AdamW (foreach).
+def _amp_trace(cfg: dict, *, batch_size: int, seq_len: int, attention: str, recompute: str,
+               device: str = "cpu") -> dict:
+    """One step of the fp32 model: forward + loss under torch.autocast("cpu", bfloat16), backward, AdamW (foreach).
 
     The step of ``memlib.measure.trace._trace_once`` with the fp32 model and the autocast block (the integrator
     switches this to ``trace_training(framework="pytorch", device="cpu")``). SDPA is torch's own: the tracer's
     routing to the CPU flash op bypasses autocast's cast of q, k, v; torch's SDPA casts, then picks the flash
-    kernel for these inputs.
+    kernel for these inputs. ``device="meta"``: under the autocast emulation with CUDA's op lists (as
+    trace_training), the optimizer states made without a step, and no optimizer step traced (no ``"peak"``).
     """
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from memlib.core.categories import MemCategory as C
-    from memlib.measure.trace import _make_optimizer, _patched, build_model
+    from memlib.measure.autocast import emulated
+    from memlib.measure.trace import _init_fused_state, _make_optimizer, _patched, build_model
     from memlib.measure.tracker import MemoryTracker
 
+    meta = device == "meta"
     torch.manual_seed(0)
-    tracker = MemoryTracker("cpu")
-    net = build_model(cfg, device="cpu", dtype="fp32", attention=attention)
+    tracker = MemoryTracker(device)
+    net = build_model(cfg, device=device, dtype="fp32", attention=attention)
     if recompute == "full":
         net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in net.parameters() if p.requires_grad]
     tracker.track_model(net)
     opt = _make_optimizer("adamw", params, "foreach")
-    for p in params:  # warm-up: the optimizer states, as a first step makes them
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len))  # (B, T)
+    if meta:
+        _init_fused_state(opt)
+    else:
+        for p in params:  # warm-up: the optimizer states, as a first step makes them
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device=device)  # (B, T)
     tracker.track_inputs(ids)
     out: dict = {}
-    with _patched(False), tracker.mode():
+    emulation = emulated("cuda") if meta else contextlib.nullcontext()
+    with _patched(meta and attention == "sdpa"), tracker.mode(), emulation:
         tracker.track_optimizer(opt)
         tracker.reset_peak()
         states = tracker.totals[C.PARAM] + tracker.totals[C.OPTIMIZER] + tracker.totals[C.BUFFER]
         with tracker.forward():
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # on meta the emulation acts while CPU autocast is on
                 loss = net(input_ids=ids, labels=ids).loss
                 out["acts_in_autocast"] = tracker.totals[C.ACTIVATION]
             out["acts"] = tracker.totals[C.ACTIVATION]
@@ -190,10 +199,11 @@ def _amp_trace(cfg: dict, *, batch_size: int, seq_len: int, attention: str, reco
             loss.backward()
             del loss
         out["forward_backward_peak"] = tracker.peak - states
-        with tracker.optimizer_step():
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        out["peak"] = tracker.peak
+        if not meta:
+            with tracker.optimizer_step():
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            out["peak"] = tracker.peak
     return out
 
 
@@ -257,39 +267,8 @@ GPT2_CASES = {
 
 def _amp_meta_trace(raw: dict, *, batch_size: int, seq_len: int, attention: str, recompute: str) -> dict:
     """:func:`_amp_trace` on the meta device under the autocast emulation with CUDA's op lists (as trace_training)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from memlib.core.categories import MemCategory as C
-    from memlib.measure.autocast import emulated
-    from memlib.measure.trace import _init_fused_state, _make_optimizer, _patched, build_model
-    from memlib.measure.tracker import MemoryTracker
-
-    torch.manual_seed(0)
-    tracker = MemoryTracker("meta")
-    net = build_model(raw, device="meta", dtype="fp32", attention=attention)
-    if recompute == "full":
-        net.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    params = [p for p in net.parameters() if p.requires_grad]
-    tracker.track_model(net)
-    opt = _make_optimizer("adamw", params, "foreach")
-    _init_fused_state(opt)
-    ids = torch.randint(0, int(net.config.vocab_size), (batch_size, seq_len), device="meta")  # (B, T)
-    tracker.track_inputs(ids)
-    out: dict = {}
-    with _patched(attention == "sdpa"), tracker.mode(), emulated("cuda"):
-        tracker.track_optimizer(opt)
-        tracker.reset_peak()
-        states = tracker.totals[C.PARAM] + tracker.totals[C.OPTIMIZER] + tracker.totals[C.BUFFER]
-        with tracker.forward():
-            with torch.autocast("cpu", dtype=torch.bfloat16):  # the emulation acts while CPU autocast is on
-                loss = net(input_ids=ids, labels=ids).loss
-                out["acts_in_autocast"] = tracker.totals[C.ACTIVATION]
-            out["acts"] = tracker.totals[C.ACTIVATION]
-        with tracker.backward():
-            loss.backward()
-            del loss
-        out["forward_backward_peak"] = tracker.peak - states
-    return out
+    return _amp_trace(raw, batch_size=batch_size, seq_len=seq_len, attention=attention, recompute=recompute,
+                      device="meta")
 
 
 @pytest.mark.parametrize("b, s", [(2, 48), (1, 96)])
