@@ -29,9 +29,9 @@ from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .frameworks import (_ADAMW_TEMP_BYTES, _for_loop_elements, _lora_for_loop_elements, _parameter_order,
-                         bucket_bytes, ddp_bucket_bytes, gathered_bytes, model_state_bytes, offload_split, optimizer_state_bytes,
-                         optimizer_step_bytes, shard_states, state_bytes, zero3_gathered_bytes)
-from .frameworks import fsdp2_backward_bytes, fsdp2_traced_layout
+                         bucket_bytes, ddp_bucket_bytes, fsdp2_backward_bytes, fsdp2_traced_layout, gathered_bytes,
+                         model_state_bytes, offload_split, optimizer_state_bytes, optimizer_step_bytes, shard_states,
+                         state_bytes, zero3_gathered_bytes)
 from .lora import quantized_weight_bytes, targeted_linears
 from .params import count_params
 from .setup import InferenceSetup, TrainingSetup
