@@ -118,18 +118,29 @@ def test_full_recomputation_holds_the_weight_copies_until_the_forward_pass_ends(
     assert peak >= 4 * pc.params  # every fp32 gradient at the end of the backward pass
 
 
-@settings(max_examples=40, deadline=None)
-@given(model=st.sampled_from(["llama-2-7b", "mistral-7b", "qwen2-0.5b", "gemma-2b"]), batch=st.integers(1, 8),
-       seq=st.integers(1, 4096), attention=st.sampled_from(["eager", "sdpa"]))
-def test_autocast_activations_properties(model, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
+def _check_amp_ordering(model: str, batch: int, seq: int, attention: str) -> tuple:
+    """Under autocast: no recomputation ≥ selective ≥ full, and more saved than pure bf16. Returns (cfg, kw)."""
     cfg = load_config(model)
     kw = dict(batch_size=batch, seq_len=seq, attention=attention)
     amp = [saved_activations(cfg, TrainingSetup(recompute=r, **kw)).bytes for r in ("none", "selective", "full")]
     assert amp[0] >= amp[1] >= amp[2]
     assert amp[0] > saved_activations(cfg, TrainingSetup(precision="bf16", **kw)).bytes
+    return cfg, kw
+
+
+def _weight_copy_bytes(cfg) -> int:  # type: ignore[no-untyped-def]
+    """The 16-bit copies autocast makes of every Linear weight and of the LM head (batch-independent)."""
+    return 2 * (cfg.num_layers * linear_weight_params(cfg) + cfg.vocab_size * cfg.hidden_size)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["llama-2-7b", "mistral-7b", "qwen2-0.5b", "gemma-2b"]), batch=st.integers(1, 8),
+       seq=st.integers(1, 4096), attention=st.sampled_from(["eager", "sdpa"]))
+def test_autocast_activations_properties(model, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
+    cfg, kw = _check_amp_ordering(model, batch, seq, attention)
     # linear in the batch (from 2 sequences: MQA's eager attention saves v unrepeated for one) but for the weight
     # copies, the rotary tables and Gemma's fp32 (1 + w), which do not depend on it
-    copies = 2 * (cfg.num_layers * linear_weight_params(cfg) + cfg.vocab_size * cfg.hidden_size)
+    copies = _weight_copy_bytes(cfg)
     copies += (2 * cfg.num_layers + 1) * 4 * cfg.hidden_size if cfg.model_type == "gemma" else 0
     once, twice = (saved_activations(cfg, TrainingSetup(**{**kw, "batch_size": k * (batch + 1)})).bytes for k in (1, 2))
     assert 2 * once - twice == copies + 2 * 4 * seq * cfg.head_dim
@@ -321,13 +332,9 @@ def test_gpt2_autocast_terms_cuda_lists() -> None:
 @given(model=st.sampled_from(["gpt2", "gpt2-medium"]), batch=st.integers(1, 8), seq=st.integers(1, 1024),
        attention=st.sampled_from(["eager", "sdpa"]))
 def test_gpt2_autocast_properties(model, batch, seq, attention) -> None:  # type: ignore[no-untyped-def]
-    cfg = load_config(model)
-    kw = dict(batch_size=batch, seq_len=seq, attention=attention)
-    amp = [saved_activations(cfg, TrainingSetup(recompute=r, **kw)).bytes for r in ("none", "selective", "full")]
-    assert amp[0] >= amp[1] >= amp[2]
-    assert amp[0] > saved_activations(cfg, TrainingSetup(precision="bf16", **kw)).bytes
+    cfg, kw = _check_amp_ordering(model, batch, seq, attention)
     # linear in the batch but for the weight copies and the position ids, which do not depend on it
-    copies = 2 * (cfg.num_layers * linear_weight_params(cfg) + cfg.vocab_size * cfg.hidden_size)
+    copies = _weight_copy_bytes(cfg)
     once, twice = (saved_activations(cfg, TrainingSetup(**{**kw, "batch_size": k * batch})).bytes for k in (1, 2))
     assert 2 * once - twice == copies + 8 * seq
 
