@@ -19,3 +19,40 @@ def _execute_cell_input(self: RunningKernel, cell_input: str, allow_stdin: bool 
 
 
 RunningKernel.execute_cell_input = _execute_cell_input
+
+
+# --- The time budget (issue 30) -------------------------------------------------------------------------------------
+# `pytest` runs on every core (pytest.ini: -n auto --dist loadfile; a notebook's cells share one kernel, so a file
+# is never split across workers). The heaviest files go first, so that no long file starts last and runs alone:
+# mypy (it analyses torch and transformers on a fresh clone), then the notebooks, then the unit-test files.
+# At the end the slowest ten files are printed, and each notebook over its budget is named (a budget, not a
+# test: timings depend on the machine, so nothing fails on them; CI prints them for the reviewer).
+NOTEBOOK_BUDGET_S = 60.0
+_FIRST = ("tests/test_typing.py",)
+_seconds_by_file: dict[str, float] = {}
+
+
+def _rank(path: str) -> int:
+    return 0 if path in _FIRST else 1 if path.endswith(".ipynb") else 2
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    items.sort(key=lambda item: _rank(item.nodeid.split("::")[0]))  # stable: the order within a file is kept
+
+
+def pytest_runtest_logreport(report) -> None:  # noqa: ANN001 (pytest's TestReport)
+    path = report.nodeid.split("::")[0]
+    _seconds_by_file[path] = _seconds_by_file.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    if not _seconds_by_file:
+        return
+    tr = terminalreporter
+    tr.section("slowest files (setup + call + teardown, seconds)")
+    for path, seconds in sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])[:10]:
+        over = f"  over the {NOTEBOOK_BUDGET_S:.0f} s notebook budget" if (
+            path.endswith(".ipynb") and seconds > NOTEBOOK_BUDGET_S) else ""
+        tr.write_line(f"{seconds:8.1f}  {path}{over}")
+    over = [p for p, s in _seconds_by_file.items() if p.endswith(".ipynb") and s > NOTEBOOK_BUDGET_S]
+    tr.write_line(f"notebooks over the {NOTEBOOK_BUDGET_S:.0f} s budget: {len(over)}")

@@ -90,7 +90,14 @@ def test_fsdp2_two_ranks_per_rank_peak(tmp_path: object) -> None:
                              start_method="spawn")
     join_with_deadline(ctx, 300, "two-rank FSDP2 trace")  # hang guard: kills both ranks past 300 s
     peaks = [json.loads((out / f"peak{r}.json").read_text()) for r in (0, 1)]
-    assert peaks[0] == peaks[1]  # the tiny model's shards divide evenly: both ranks alike
     est = estimate_training(TINY, num_gpus=2, **kw)
-    assert peaks[0][1] == est.peak_phase == "backward"
-    assert abs(est.total_bytes - peaks[0][0]) <= 0.03 * peaks[0][0]
+    assert peaks[0][1] == peaks[1][1] == est.peak_phase == "backward"
+    # The tiny model's shards divide evenly, so both ranks hold the same tensors. But a collective's buffers are
+    # also referenced by gloo's worker thread (ProcessGroupGloo's AsyncWork), which may drop them a moment after
+    # wait() returns: on a loaded machine one rank can count one such buffer a little longer. One buffer is at
+    # most an fp32 copy of the largest group's parameters (the root: embedding, head, final norm).
+    n = count_params(TINY)
+    one_buffer = 4 * (n.embeddings + n.lm_head + TINY["hidden_size"])
+    assert abs(peaks[0][0] - peaks[1][0]) <= one_buffer
+    low = min(p[0] for p in peaks)  # the rank whose buffers were all released on time
+    assert abs(est.total_bytes - low) <= 0.03 * low
