@@ -10,6 +10,13 @@ from nbval.kernel import RunningKernel
 # GPU measurements are made by `python labs/gpu_suite.py`, never by pytest.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# The portable-kernel run (ATEN_CPU_CAPABILITY=default, as CI and README do) on a CPU with AMX (Sapphire Rapids and
+# later): torch 2.13's bf16 scaled_dot_product_attention asks oneDNN whether its brgemm wants packed (VNNI) weights,
+# oneDNN answers for AMX, and ATen's default-capability build of pack_vnni2 then raises "pack_vnni2 is only
+# supported when avx512 is supported". Capping oneDNN at AVX2 as well keeps both libraries on portable paths.
+if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
 
 def _execute_cell_input(self: RunningKernel, cell_input: str, allow_stdin: bool | None = None) -> str:
     # nbval 0.11 runs cells with store_history=False; IPython then checks the *previous* history entry for a
