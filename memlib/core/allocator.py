@@ -353,8 +353,9 @@ class CachingAllocator:
         left before and after them stays cached, the unmapped range merges with unmapped neighbours."""
         blocks, seg = self._es_blocks[b.small], b.segment
         page = K_SMALL_BUFFER if b.small else K_LARGE_BUFFER
-        begin = -(-b.addr // page) * page
-        end = (b.addr + b.size) // page * page
+        base = seg.addr  # pages are aligned to the segment's start
+        begin = base + -(-(b.addr - base) // page) * page
+        end = base + (b.addr + b.size - base) // page * page
         if end <= begin:
             return
         self._remove(b)
