@@ -1,4 +1,4 @@
-"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1)."""
+"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1), oom (Chapter 16)."""
 from __future__ import annotations
 
 import argparse
@@ -155,8 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ddp", action="store_true",
                    help="wrap the model in PyTorch DistributedDataParallel (a one-rank group): its gradient buckets")
     r.add_argument("--bucket-view", action="store_true", help="with --ddp: gradient_as_bucket_view=True")
+    r.add_argument("--expandable-segments", action="store_true",
+                   help="also replay the step with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Chapter 16)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
+    _oom_parser(sub)
     return parser
+
+
+def _oom_parser(sub: Any) -> None:
+    """``memlib oom "<message>"`` (Chapter 16): read a CUDA out-of-memory message, give a verdict and advice."""
+    o = sub.add_parser("oom", help="explain a PyTorch CUDA out-of-memory message (paste it, or - for stdin)")
+    o.add_argument("message", help="the OOM message (quote it), or - to read it from stdin")
+    o.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _oom_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Run ``memlib oom``: :func:`memlib.core.oom.parse_oom`, then the verdict and what to do."""
+    from .core.oom import oom_dict, oom_text, parse_oom
+
+    report = parse_oom(sys.stdin.read() if args.message == "-" else args.message)
+    return oom_dict(report), oom_text(report)
 
 
 def _table(rows: list[tuple[str, Any]], title: str) -> str:
@@ -173,6 +191,8 @@ def _table(rows: list[tuple[str, Any]], title: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.command == "oom":
+        return _oom_run(args)
     if args.command == "params":
         from .measure.hf_config import count_params_any, load_any_config  # any causal LM transformers knows
 
