@@ -281,7 +281,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
                          optimizer=args.optimizer, attention=args.attention, recompute=args.recompute,
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
-                         data_parallel="ddp" if args.ddp else "none", gradient_as_bucket_view=args.bucket_view)
+                         data_parallel="ddp" if args.ddp else "none", gradient_as_bucket_view=args.bucket_view,
+                         reserved=True, expandable_segments=args.expandable_segments)
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")

@@ -32,7 +32,7 @@ from .errors import MemlibError
 
 __all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_LARGE_BUFFER", "K_MIN_LARGE_ALLOC",
            "K_ROUND_LARGE", "AllocatorConfig", "CachingAllocator", "Segment", "round_size",
-           "get_allocation_size", "replay", "events_from_log"]
+           "get_allocation_size", "replay", "events_from_log", "steady_state_events"]
 
 MiB = 1 << 20
 #: ``kMinBlockSize``: all sizes are rounded to at least 512 bytes.
@@ -554,3 +554,34 @@ def events_from_log(log: Iterable[tuple[str, int, int]]) -> list[list[Any]]:
         elif action == "free" and key in open_:
             out.append(["free", open_.pop(key)])
     return out
+
+
+def steady_state_events(setup: Iterable[tuple[str, int, int]], step: Iterable[tuple[str, int, int]],
+                        steps: int = 2) -> list[list[Any]]:
+    """:func:`replay` events of ``steps`` training steps from a tracker log of the setup and of one step.
+
+    ``setup`` holds what exists before the step (parameters, optimizer states, inputs: its allocations stay live);
+    ``step`` is the log of one step (a free there of a setup storage is dropped: that storage stays counted). Each repetition of the step allocates anew; what a step leaves alive (a
+    tensor the next step's assignment would drop) is freed when the next step begins. A real GPU measures the
+    second step (``torch.cuda.max_memory_reserved`` after ``reset_peak_memory_stats``) on a cache the first left
+    behind: the default ``steps=2`` replays that. Without a capacity reserved memory never shrinks, so the
+    replay's ``peak_reserved`` is the second step's. Chapter 16.
+    """
+    if steps < 1:
+        raise MemlibError(f"steps {steps!r} must be at least 1")
+    events = events_from_log(setup)
+    base = events_from_log(step)
+    left: list[int] = []
+    for _ in range(steps):
+        for i in left:
+            events.append(["free", i])
+        offset = len(events)
+        freed: set[int] = set()
+        for e in base:
+            if e[0] == "alloc":
+                events.append(e)
+            else:
+                events.append(["free", int(e[1]) + offset])
+                freed.add(int(e[1]))
+        left = [i + offset for i, e in enumerate(base) if e[0] == "alloc" and i not in freed]
+    return events
