@@ -132,6 +132,7 @@ class _Block:
     segment: Segment
     allocated: bool = False
     mapped: bool = True
+    requested: int = 0  # requested_size: the bytes asked for (size is the rounded block)
     prev: _Block | None = None
     next: _Block | None = None
     gc_base: int = 0  # pool's get_free_blocks_call_count when cached (gc_count_base)
@@ -171,7 +172,8 @@ class CachingAllocator:
         num_alloc_retries, num_device_alloc, num_device_free: the counters of ``memory_stats()``.
     """
 
-    def __init__(self, capacity: int | None = None, config: AllocatorConfig = AllocatorConfig()) -> None:
+    def __init__(self, capacity: int | None = None, config: AllocatorConfig = AllocatorConfig(),
+                 record: bool = False) -> None:
         if capacity is not None and capacity <= 0:
             raise MemlibError(f"capacity {capacity!r} must be positive bytes")
         self.capacity = capacity
@@ -186,6 +188,15 @@ class CachingAllocator:
         self.allocated = self.reserved = 0
         self.peak_allocated = self.peak_reserved = 0
         self.num_alloc_retries = self.num_device_alloc = self.num_device_free = 0
+        self._active: dict[int, _Block] = {}  # allocated blocks by address
+        #: with ``record``, the history as ``torch.cuda.memory._snapshot()["device_traces"][0]`` holds it
+        self.trace: list[dict[str, Any]] | None = [] if record else None
+
+    def _record(self, action: str, addr: int, size: int) -> None:
+        """``record_trace``: one ``TraceEntry`` (``alloc``, ``free_completed``, ``segment_alloc``, ...)."""
+        if self.trace is not None:
+            self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0, "frames": [],
+                               "time_us": len(self.trace)})
 
     # ------------------------------------------------------------------------------------------ free pools
     def _insert(self, b: _Block) -> None:
@@ -255,6 +266,7 @@ class CachingAllocator:
         self._next_addr += nbytes
         self.segments.append(seg)
         self._grow(nbytes)
+        self._record("segment_alloc", seg.addr, nbytes)
         return _Block(seg.addr, nbytes, small, seg)
 
     def _alloc_expandable(self, size: int, small: bool) -> _Block | None:
@@ -314,6 +326,7 @@ class CachingAllocator:
             blocks.remove(u)
         seg.size += n
         self._grow(n)
+        self._record("segment_map", b.addr, n)
         self._merge_free(b, blocks)
         self._insert(b)
         return b
@@ -346,6 +359,7 @@ class CachingAllocator:
         self._remove(b)
         self.segments.remove(b.segment)
         self.reserved -= b.size
+        self._record("segment_free", b.addr, b.size)
         self.num_device_free += 1
 
     def _unmap(self, b: _Block) -> None:
@@ -371,6 +385,7 @@ class CachingAllocator:
         self._merge_free(gap, blocks)
         seg.size -= end - begin
         self.reserved -= end - begin
+        self._record("segment_unmap", begin, end - begin)
         self.num_device_free += 1
 
     def release_cached_blocks(self) -> None:
@@ -463,6 +478,9 @@ class CachingAllocator:
             b.size = size
             self._insert(rest)
         b.allocated = True
+        b.requested = nbytes
+        self._active[b.addr] = b
+        self._record("alloc", b.addr, nbytes)
         self.allocated += b.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return b
@@ -473,8 +491,33 @@ class CachingAllocator:
             raise MemlibError("block freed twice")
         b.allocated = False
         self.allocated -= b.size
+        del self._active[b.addr]
+        self._record("free_requested", b.addr, b.requested)
+        self._record("free_completed", b.addr, b.requested)
         self._merge_free(b, self._es_blocks[b.small] if b.segment.expandable else None)
         self._insert(b)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as ``torch.cuda.memory._snapshot()`` returns it: ``segments`` (each with its ``blocks``,
+        ``active_allocated`` or ``inactive``) and ``device_traces`` (with ``record=True``), so that
+        ``torch.cuda._memory_viz`` (``segsum``, ``trace_plot``, ``segment_plot``) reads it. Chapter 16."""
+        by_seg: dict[int, list[_Block]] = {id(seg): [] for seg in self.segments}
+        for b in [*self._active.values(), *(e[2] for pool in self._free.values() for e in pool)]:
+            by_seg[id(b.segment)].append(b)
+        segments = []
+        for seg in sorted(self.segments, key=lambda x: x.addr):
+            blocks = sorted(by_seg[id(seg)], key=lambda x: x.addr)
+            rows = [{"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else b.size,
+                     "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in blocks]
+            allocated = sum(b.size for b in blocks if b.allocated)
+            segments.append({"device": 0, "address": blocks[0].addr if blocks else seg.addr,
+                             "total_size": sum(b.size for b in blocks), "stream": 0,
+                             "segment_type": "small" if seg.small else "large", "segment_pool_id": (0, 0),
+                             "allocated_size": allocated, "active_size": allocated,
+                             "requested_size": sum(b.requested for b in blocks if b.allocated),
+                             "expandable": seg.expandable, "frames": [], "blocks": rows})
+        return {"segments": segments, "device_traces": [list(self.trace or [])],
+                "allocator_settings": {"expandable_segments": self.config.expandable_segments}}
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: :meth:`release_cached_blocks`."""
@@ -502,7 +545,8 @@ def replay(events: Sequence[Sequence[Any]], capacity: int | None = None, expanda
     Returns:
         ``peak_allocated``, ``peak_reserved``, ``allocated`` and ``reserved`` (at the end), ``num_segments``
         (live at the end), ``num_alloc_retries``, ``num_device_alloc``, ``inactive_split_bytes`` (at the end),
-        ``oom`` (True if an allocation failed: the replay stops there) and ``oom_event`` (its index or None).
+        ``oom`` (True if an allocation failed: the replay stops there), ``oom_event`` (its index or None) and
+        ``oom_request_bytes`` (what PyTorch's message says it "Tried to allocate": ``get_allocation_size``).
         Allocated bytes count whole blocks, as ``torch.cuda.memory_allocated()`` does.
     """
     config = AllocatorConfig(expandable_segments, max_split_size_mb, garbage_collection_threshold,
@@ -533,7 +577,9 @@ def replay(events: Sequence[Sequence[Any]], capacity: int | None = None, expanda
         "allocated": alloc.allocated, "reserved": alloc.reserved, "num_segments": len(alloc.segments),
         "num_alloc_retries": alloc.num_alloc_retries, "num_device_alloc": alloc.num_device_alloc,
         "inactive_split_bytes": alloc.inactive_split_bytes(), "oom": oom_event is not None,
-        "oom_event": oom_event}
+        "oom_event": oom_event,
+        "oom_request_bytes": None if oom_event is None else get_allocation_size(round_size(int(events[oom_event][1]),
+                                                                                          config))}
     if timeline:
         out["timeline"] = steps
     return out
