@@ -32,7 +32,8 @@ from .errors import MemlibError
 
 __all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_LARGE_BUFFER", "K_MIN_LARGE_ALLOC",
            "K_ROUND_LARGE", "AllocatorConfig", "CachingAllocator", "Segment", "round_size",
-           "get_allocation_size", "replay", "events_from_log", "steady_state_events"]
+           "get_allocation_size", "replay", "events_from_log", "steady_state_events",
+           "reserved_peaks"]
 
 MiB = 1 << 20
 #: ``kMinBlockSize``: all sizes are rounded to at least 512 bytes.
@@ -631,3 +632,17 @@ def steady_state_events(setup: Iterable[tuple[str, int, int]], step: Iterable[tu
                 freed.add(int(e[1]))
         left = [i + offset for i, e in enumerate(base) if e[0] == "alloc" and i not in freed]
     return events
+
+
+def reserved_peaks(log: Sequence[tuple[str, int, int]],
+                   expandable_segments: bool = False) -> tuple[list[list[Any]], int, int | None]:
+    """The events, reserved peak and (with ``expandable_segments``) expandable reserved peak of a traced step.
+
+    ``log``: a tracker log in which ``("step", 0, 0)`` marks where the step begins (what
+    ``memlib.measure.trace.trace_training(reserved=True)`` records); :func:`steady_state_events` makes two steps
+    of it. Chapter 16.
+    """
+    split = list(log).index(("step", 0, 0))
+    events = steady_state_events(log[:split], log[split + 1:])
+    expandable = replay(events, expandable_segments=True)["peak_reserved"] if expandable_segments else None
+    return events, replay(events)["peak_reserved"], expandable

@@ -341,12 +341,9 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             holds what the 25 MiB buckets rebuilt before the second forward hold in total.
         gradient_as_bucket_view: DDP's flag (``data_parallel="ddp"`` only): True makes the gradients views of the
             buckets.
-        reserved: also record the step's allocations and frees, in order, and replay them (the setup, then the
-            step twice, as a GPU's second step sees the cache of its first) through PyTorch's CUDA caching
-            allocator rules (:func:`memlib.core.allocator.replay`, Chapter 16): ``reserved_peak_bytes`` and
-            ``events``. The whole model is traced (no extrapolation).
-        expandable_segments: with ``reserved``, also ``reserved_peak_expandable_bytes``
-            (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``).
+        reserved: record the allocations and frees in order and replay setup + two steps through the CUDA caching
+            allocator's rules (:func:`memlib.core.allocator.reserved_peaks`, Chapter 16): ``reserved_peak_bytes``,
+            ``events``. Traces the whole model. ``expandable_segments``: also ``reserved_peak_expandable_bytes``.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -426,13 +423,11 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                          peak_phase=tracker.peak_phase, device=device, settings=settings)
     if log is None:
         return result
-    from ..core.allocator import replay, steady_state_events
+    from ..core.allocator import reserved_peaks
 
-    split = log.index(("step", 0, 0))
-    events = steady_state_events(log[:split], log[split + 1:])
-    expandable = replay(events, expandable_segments=True)["peak_reserved"] if expandable_segments else None
-    return dataclasses.replace(result, reserved_peak_bytes=replay(events)["peak_reserved"],
-                               reserved_peak_expandable_bytes=expandable, events=events)
+    events, peak, peak_expandable = reserved_peaks(log, expandable_segments)
+    return dataclasses.replace(result, reserved_peak_bytes=peak, reserved_peak_expandable_bytes=peak_expandable,
+                               events=events)
 
 
 def _leading_layers(cfg: ModelConfig, overrides: dict[str, Any] | None) -> int | None:
@@ -525,9 +520,8 @@ def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
                 log: list[tuple[str, int, int]] | None = None) -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too.
 
-    FSDP2 (``framework="fsdp2"``) shards over ``mesh`` (:func:`memlib.measure.recipes._fsdp2_group`). With
-    ``log``, every counted allocation and release is appended to it as ``(action, key, nbytes)``, and
-    ``("step", 0, 0)`` marks where the traced step begins."""
+    FSDP2 (``framework="fsdp2"``) shards over ``mesh`` (:func:`memlib.measure.recipes._fsdp2_group`). ``log``
+    gets ``(action, key, nbytes)`` per counted alloc/free; ``("step", 0, 0)`` marks where the step begins."""
     torch = _torch()
     torch.manual_seed(seed)
     mixed = precision.endswith("-mixed")
