@@ -89,7 +89,7 @@ def segments_figure(snapshots: dict[str, dict[str, Any]]) -> Any:
                 ax.barh(row, b["size"] / MiB, left=x0, height=0.8, color="#4e79a7" if used else "white",
                         edgecolor="#4e79a7", hatch=None if used else "////", lw=0.5)
         ax.set_yticks([])
-        ax.invert_yaxis()
+        ax.set_ylim(24 - 0.5, -0.5)  # the same row height in every panel, first segment on top
         ax.set_xlabel("MiB from the segment's start")
         n = len(snap["segments"])
         ax.set_title(f"{label}: {n} segment{'s' if n != 1 else ''}", fontsize=9)
