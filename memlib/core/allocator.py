@@ -505,10 +505,10 @@ class CachingAllocator:
         by_seg: dict[int, list[_Block]] = {id(seg): [] for seg in self.segments}
         for b in [*self._active.values(), *(e[2] for pool in self._free.values() for e in pool)]:
             by_seg[id(b.segment)].append(b)
-        segments = []
+        segments: list[dict[str, Any]] = []
         for seg in sorted(self.segments, key=lambda x: x.addr):
             blocks = sorted(by_seg[id(seg)], key=lambda x: x.addr)
-            rows = [{"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else b.size,
+            rows: list[dict[str, Any]] = [{"address": b.addr, "size": b.size, "requested_size": b.requested if b.allocated else b.size,
                      "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in blocks]
             allocated = sum(b.size for b in blocks if b.allocated)
             segments.append({"device": 0, "address": blocks[0].addr if blocks else seg.addr,
