@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--parallel", action="store_true",
                     help="pre-training layout over data, tensor, pipeline and context parallelism (Chapter 15)")
     pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node for --parallel (default 8)")
+    pl.add_argument("--trace-fragmentation", action="store_true",
+                    help="replace the 5%% fragmentation allowance by the simulated figure: the chosen step traced on "
+                         "the meta device and replayed through the caching allocator (Chapter 16; needs torch)")
     _parallel_flags(pl)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -263,6 +266,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             return pres.as_dict(), _parallel_plan_text(pres)
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank, framework=args.framework)
+        if args.trace_fragmentation:
+            result = _plan_traced_fragmentation(args, result, gpu_mem)
         return result.as_dict(), _plan_text(result)
     if args.command == "serve":
         from .core.serve import serve
@@ -286,6 +291,27 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")
+
+
+def _plan_traced_fragmentation(args: argparse.Namespace, result: Any, gpu_mem: int | str) -> Any:
+    """``memlib plan --trace-fragmentation``: plan again with the chosen step's simulated fragmentation (Chapter 16).
+
+    The fraction is that of the first plan's chosen step (or its closest rung); rungs the trace cannot run keep the
+    5 % allowance. Either way a note says which figure the plan used.
+    """
+    import dataclasses
+
+    from .core.plan import plan
+    from .measure.fragmentation import traced_fragmentation
+
+    if args.job == "infer":
+        raise MemlibError("--trace-fragmentation traces a training step; expected --job train, lora or qlora")
+    frac, note = traced_fragmentation(args.model, (result.chosen or result.closest).settings)
+    if frac is not None:
+        result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
+                      seq_len=args.seq, reserve=args.reserve, fragmentation=frac, lora_rank=args.lora_rank,
+                      framework=args.framework)
+    return dataclasses.replace(result, notes=[*result.notes, note])
 
 
 def _training_setup(args: argparse.Namespace, attention: str) -> Any:
