@@ -157,6 +157,43 @@ def part_profiling(command: str) -> list[Path]:
     return out
 
 
+# Lab 1's cases (labs/01_measure_a_step.ipynb): (model, batch, seq, precision, framework)
+LAB1_CASES: list[tuple[str, int, int, str, str]] = [
+    ("gpt2", 8, 1024, "bf16", "pytorch"), ("gpt2-medium", 4, 1024, "bf16-mixed", "deepspeed"),
+    ("qwen2-0.5b", 2, 2048, "bf16", "pytorch")]
+
+
+def part_allocator(command: str) -> list[Path]:
+    """Chapter 16: max_memory_reserved of Lab 1's steps vs the allocator simulator, with and without expandable segments."""
+    import torch
+
+    from memlib.measure.trace import trace_training
+
+    def measure() -> dict[str, Any]:
+        rows = []
+        for model, b, s, prec, fw in LAB1_CASES:
+            kw: dict[str, Any] = dict(batch_size=b, seq_len=s, precision=prec, framework=fw)
+            sim = trace_training(model, reserved=True, expandable_segments=True, **kw)
+            row: dict[str, Any] = {"model": model, **kw, "meta_trace": sim.peak_bytes,
+                                   "simulated_reserved": sim.reserved_peak_bytes,
+                                   "simulated_reserved_expandable": sim.reserved_peak_expandable_bytes}
+            for expandable in (False, True):
+                torch.cuda.empty_cache()  # a fresh cache, as the replay starts from
+                torch.cuda.memory._set_allocator_settings(f"expandable_segments:{expandable}")
+                cuda = trace_training(model, device="cuda", **kw)
+                key = "_expandable" if expandable else ""
+                row[f"cuda_max_memory_allocated{key}"] = cuda.settings["cuda_max_memory_allocated"]
+                row[f"cuda_max_memory_reserved{key}"] = reserved = cuda.settings["cuda_max_memory_reserved"]
+                row[f"error_simulated_vs_reserved{key}"] = (row[f"simulated_reserved{key}"] - reserved) / reserved
+                del cuda
+            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+            torch.cuda.empty_cache()
+            rows.append(row)
+        return {"rows": rows}
+
+    return _record("gpu_allocator", measure, command)
+
+
 def part_notebook_labs(command: str) -> list[Path]:
     """Labs 1, 3 and 10 measure on the GPU inside the notebook and write their JSON: run copies of them."""
     import nbformat
@@ -175,7 +212,7 @@ def part_notebook_labs(command: str) -> list[Path]:
 PARTS: dict[str, Callable[[str], list[Path]]] = {
     "training": part_training, "checkpointing": part_checkpointing, "accumulation": part_accumulation,
     "offload": part_offload, "paged": part_paged, "inference": part_inference, "profiling": part_profiling,
-    "notebook_labs": part_notebook_labs,
+    "allocator": part_allocator, "notebook_labs": part_notebook_labs,
 }
 
 # the functions each part calls, checked by --dry-run (and by tests/test_gpu_suite.py) without a GPU
@@ -186,6 +223,7 @@ CALLS = {"training": ["memlib.measure.trace:trace_training", "memlib.core.estima
          "paged": ["memlib.measure.quant:paged_adamw_gpu_results"],
          "inference": ["memlib._book.ch11_inference_memory:measure_serving"],
          "profiling": ["memlib.measure.profiling:write_gpu_results"],
+         "allocator": ["memlib.measure.trace:trace_training", "memlib.core.allocator:replay"],
          "results": ["memlib.measure.results:load_or_measure", "memlib.measure.results:save_recorded"],
          "notebook_labs": ["nbclient:NotebookClient", "nbformat:read"]}
 

@@ -1,4 +1,4 @@
-"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1)."""
+"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1), oom (Chapter 16)."""
 from __future__ import annotations
 
 import argparse
@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--parallel", action="store_true",
                     help="pre-training layout over data, tensor, pipeline and context parallelism (Chapter 15)")
     pl.add_argument("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node for --parallel (default 8)")
+    pl.add_argument("--trace-fragmentation", action="store_true",
+                    help="replace the 5%% fragmentation allowance by the simulated figure: the chosen step traced on "
+                         "the meta device and replayed through the caching allocator (Chapter 16; needs torch)")
     _parallel_flags(pl)
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -155,8 +158,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ddp", action="store_true",
                    help="wrap the model in PyTorch DistributedDataParallel (a one-rank group): its gradient buckets")
     r.add_argument("--bucket-view", action="store_true", help="with --ddp: gradient_as_bucket_view=True")
+    r.add_argument("--expandable-segments", action="store_true",
+                   help="also replay the step with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Chapter 16)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
+    _oom_parser(sub)
     return parser
+
+
+def _oom_parser(sub: Any) -> None:
+    """``memlib oom "<message>"`` (Chapter 16): read a CUDA out-of-memory message, give a verdict and advice."""
+    o = sub.add_parser("oom", help="explain a PyTorch CUDA out-of-memory message (paste it, or - for stdin)")
+    o.add_argument("message", help="the OOM message (quote it), or - to read it from stdin")
+    o.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _oom_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Run ``memlib oom``: :func:`memlib.core.oom.parse_oom`, then the verdict and what to do."""
+    from .core.oom import oom_dict, oom_text, parse_oom
+
+    report = parse_oom(sys.stdin.read() if args.message == "-" else args.message)
+    return oom_dict(report), oom_text(report)
 
 
 def _table(rows: list[tuple[str, Any]], title: str) -> str:
@@ -173,6 +194,8 @@ def _table(rows: list[tuple[str, Any]], title: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.command == "oom":
+        return _oom_run(args)
     if args.command == "params":
         from .measure.hf_config import count_params_any, load_any_config  # any causal LM transformers knows
 
@@ -243,6 +266,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             return pres.as_dict(), _parallel_plan_text(pres)
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank, framework=args.framework)
+        if args.trace_fragmentation:
+            result = _plan_traced_fragmentation(args, result, gpu_mem)
         return result.as_dict(), _plan_text(result)
     if args.command == "serve":
         from .core.serve import serve
@@ -261,10 +286,32 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
                          optimizer=args.optimizer, attention=args.attention, recompute=args.recompute,
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
-                         data_parallel="ddp" if args.ddp else "none", gradient_as_bucket_view=args.bucket_view)
+                         data_parallel="ddp" if args.ddp else "none", gradient_as_bucket_view=args.bucket_view,
+                         reserved=True, expandable_segments=args.expandable_segments)
     data = res.as_dict()
     rows = [(k, v) for k, v in data.items() if k.endswith("bytes") or k in ("peak_phase", "device")]
     return data, _table(rows, f"traced training step ({res.device} device) of {args.model}")
+
+
+def _plan_traced_fragmentation(args: argparse.Namespace, result: Any, gpu_mem: int | str) -> Any:
+    """``memlib plan --trace-fragmentation``: plan again with the chosen step's simulated fragmentation (Chapter 16).
+
+    The fraction is that of the first plan's chosen step (or its closest rung); rungs the trace cannot run keep the
+    5 % allowance. Either way a note says which figure the plan used.
+    """
+    import dataclasses
+
+    from .core.plan import plan
+    from .measure.fragmentation import traced_fragmentation
+
+    if args.job == "infer":
+        raise MemlibError("--trace-fragmentation traces a training step; expected --job train, lora or qlora")
+    frac, note = traced_fragmentation(args.model, (result.chosen or result.closest).settings)
+    if frac is not None:
+        result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
+                      seq_len=args.seq, reserve=args.reserve, fragmentation=frac, lora_rank=args.lora_rank,
+                      framework=args.framework)
+    return dataclasses.replace(result, notes=[*result.notes, note])
 
 
 def _training_setup(args: argparse.Namespace, attention: str) -> Any:

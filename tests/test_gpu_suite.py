@@ -15,9 +15,9 @@ def test_dry_run_resolves_every_part() -> None:
     proc = subprocess.run([sys.executable, str(SUITE), "--dry-run"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for part in ("training", "checkpointing", "accumulation", "offload", "paged", "inference", "profiling",
-                 "notebook_labs"):
+                 "allocator", "notebook_labs"):
         assert part in proc.stdout
-    assert "8 parts ready" in proc.stdout
+    assert "9 parts ready" in proc.stdout
 
 
 def test_without_a_gpu_it_measures_nothing_and_says_so() -> None:

@@ -29,6 +29,11 @@ class TraceResult:
         settings: the settings traced (model, batch, seq, precision, optimizer, attention, recompute).
         method: ``"full"`` (every layer traced) or ``"extrapolated"`` (3 to 5 layers traced, exactly
             extrapolated; see :func:`memlib.measure.trace.trace_training`).
+        reserved_peak_bytes: the CUDA caching allocator's reserved peak for the traced steps, replayed by
+            :func:`memlib.core.allocator.replay` (Chapter 16); None unless asked for.
+        reserved_peak_expandable_bytes: the same with ``expandable_segments:True``; None unless asked for.
+        events: the :func:`memlib.core.allocator.replay` events (setup, then two steps) behind them; None unless
+            asked for. Not in :meth:`as_dict`.
     """
 
     peak_bytes: int
@@ -37,6 +42,9 @@ class TraceResult:
     device: str
     settings: dict[str, Any] = field(default_factory=dict)
     method: str = "full"
+    reserved_peak_bytes: int | None = None
+    reserved_peak_expandable_bytes: int | None = None
+    events: list[list[Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def params_bytes(self) -> int:
@@ -62,6 +70,10 @@ class TraceResult:
         """JSON-ready dict: ``peak_bytes``, ``<category>_bytes``, ``peak_phase``, ``device``, settings."""
         out: dict[str, Any] = {"peak_bytes": self.peak_bytes}
         out.update({f"{k}_bytes": v for k, v in self.by_category.items()})
+        if self.reserved_peak_bytes is not None:
+            out["reserved_peak_bytes"] = self.reserved_peak_bytes
+        if self.reserved_peak_expandable_bytes is not None:
+            out["reserved_peak_expandable_bytes"] = self.reserved_peak_expandable_bytes
         out["peak_phase"] = self.peak_phase
         out["device"] = self.device
         out.update(self.settings)

@@ -224,6 +224,13 @@ def answer_numbers() -> dict[str, Number]:
     put("sqrt_units", f"{math.ceil(L / k) + k}", f"⌈{L}/{k}⌉ checkpoints + {k} live layers")
     _serving_numbers(put)
     _moe_numbers(put)
+    # Chapter 16: the CUDA caching allocator's rounding (memlib.core.allocator, c10's get_allocation_size)
+    from ..core.allocator import get_allocation_size, round_size
+
+    for name, nbytes in (("seg9", 9 * MiB), ("seg10", 10 * MiB), ("seg100b", 100)):
+        put(name, f"{get_allocation_size(round_size(nbytes)) // MiB} MiB",
+            f"get_allocation_size(round_size({nbytes:,d})): the segment a new cudaMalloc takes")
+    put("block100b", f"{round_size(100)} B", "round_size(100): kMinBlockSize")
     return n
 
 

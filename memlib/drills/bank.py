@@ -45,13 +45,14 @@ CHAPTERS: dict[int, str] = {
     13: "Putting it together",
     14: "Serving memory",
     15: "Tensor, pipeline, context and expert parallelism",
+    16: "Out of memory",
 }
 #: Each chapter's page in the book (chapters/<stem>.ipynb), for the "Proved in Chapter N" links.
 CHAPTER_PAGES: dict[int, str] = {
     1: "01_where_memory_goes", 2: "02_number_formats", 3: "03_mixed_precision", 4: "04_activations_checkpointing",
     5: "05_gradient_accumulation", 6: "06_zero_fsdp", 7: "07_offloading", 8: "08_8bit_optimizers",
     9: "09_lora_qlora", 10: "10_flash_attention", 11: "11_inference_memory", 12: "12_profiling",
-    13: "13_putting_it_together", 14: "14_serving_memory", 15: "15_parallelism",
+    13: "13_putting_it_together", 14: "14_serving_memory", 15: "15_parallelism", 16: "16_out_of_memory",
 }
 DIFFICULTIES = ("E", "M", "H")
 SOURCES = ("Tips notes, top", "Tips notes §八", "Strategies notes", "book")

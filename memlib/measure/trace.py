@@ -269,7 +269,8 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                    model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
                    framework: str = "pytorch", autocast_lists: str = "cuda",
                    zero_stage: int | None = None, data_parallel: str = "none",
-                   gradient_as_bucket_view: bool = False) -> TraceResult:
+                   gradient_as_bucket_view: bool = False, reserved: bool = False,
+                   expandable_segments: bool = False) -> TraceResult:
     """Trace a steady-state training step of the transformers model and return its peak.
 
     Introduced in Chapter 1. A step is forward + loss (transformers' own causal-LM loss, which upcasts the
@@ -340,6 +341,9 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             holds what the 25 MiB buckets rebuilt before the second forward hold in total.
         gradient_as_bucket_view: DDP's flag (``data_parallel="ddp"`` only): True makes the gradients views of the
             buckets.
+        reserved: record the allocations and frees in order and replay setup + two steps through the CUDA caching
+            allocator's rules (:func:`memlib.core.allocator.reserved_peaks`, Chapter 16): ``reserved_peak_bytes``,
+            ``events``. Traces the whole model. ``expandable_segments``: also ``reserved_peak_expandable_bytes``.
 
     Returns:
         The steady-state peak and its breakdown.
@@ -397,7 +401,9 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
                             zero_stage=zero_stage, data_parallel=data_parallel,
                             gradient_as_bucket_view=gradient_as_bucket_view)
     lead = _leading_layers(cfg, overrides) if cfg.native and cfg.moe is not None else 0
-    if (extrapolate and device == "meta" and lead is not None and num_layers > lead + 5
+    if expandable_segments and not reserved:
+        raise MemlibError("expandable_segments=True replays the reserved memory; expected reserved=True with it")
+    if (extrapolate and not reserved and device == "meta" and lead is not None and num_layers > lead + 5
             and (cfg.model_type in _CLASSES or cfg.moe is not None or _identical_layers(cfg, overrides, attention))):
         runs = {}
         for n in (lead + 3, lead + 4, lead + 5):
@@ -410,10 +416,18 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             return TraceResult(peak_bytes=peak, by_category={c.value: totals[c] for c in MemCategory},
                                peak_phase=phase, device=device, settings=settings, method="extrapolated")
     with _fsdp2_group(device) if framework == "fsdp2" else contextlib.nullcontext() as mesh:
+        log: list[tuple[str, int, int]] | None = [] if reserved else None
         tracker, settings = _trace_once(cfg, model_hook=model_hook, overrides=overrides, segments=False, mesh=mesh,
-                                        **kw)
-    return TraceResult(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
-                       peak_phase=tracker.peak_phase, device=device, settings=settings)
+                                        log=log, **kw)
+    result = TraceResult(peak_bytes=tracker.peak, by_category=tracker.peak_by_category(),
+                         peak_phase=tracker.peak_phase, device=device, settings=settings)
+    if log is None:
+        return result
+    from ..core.allocator import reserved_peaks
+
+    events, peak, peak_expandable = reserved_peaks(log, expandable_segments)
+    return dataclasses.replace(result, reserved_peak_bytes=peak, reserved_peak_expandable_bytes=peak_expandable,
+                               events=events)
 
 
 def _leading_layers(cfg: ModelConfig, overrides: dict[str, Any] | None) -> int | None:
@@ -502,11 +516,12 @@ def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
                 recompute: str, device: str, overrides: dict[str, Any] | None, seed: int, segments: bool,
                 model_hook: Callable[[Any], Any] | None = None, optimizer_impl: str = "foreach",
                 framework: str = "pytorch", autocast_lists: str = "cuda", zero_stage: int | None = None,
-                mesh: Any = None, data_parallel: str = "none",
-                gradient_as_bucket_view: bool = False) -> tuple[MemoryTracker, dict[str, Any]]:
+                mesh: Any = None, data_parallel: str = "none", gradient_as_bucket_view: bool = False,
+                log: list[tuple[str, int, int]] | None = None) -> tuple[MemoryTracker, dict[str, Any]]:
     """One traced steady-state step (see :func:`trace_training`); with ``segments``, per-segment maxima too.
 
-    FSDP2 (``framework="fsdp2"``) shards over ``mesh`` (:func:`memlib.measure.recipes._fsdp2_group`)."""
+    FSDP2 (``framework="fsdp2"``) shards over ``mesh`` (:func:`memlib.measure.recipes._fsdp2_group`). ``log``
+    gets ``(action, key, nbytes)`` per counted alloc/free; ``("step", 0, 0)`` marks where the step begins."""
     torch = _torch()
     torch.manual_seed(seed)
     mixed = precision.endswith("-mixed")
@@ -517,7 +532,7 @@ def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
     low = torch.float16 if precision.startswith("fp16") else torch.bfloat16
     model_dtype = "fp32" if amp or (fsdp2 and mixed) else {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16",
                                                            "bf16-mixed": "bf16", "fp16-mixed": "fp16"}[precision]
-    tracker = MemoryTracker(device)
+    tracker = MemoryTracker(device, on_event=None if log is None else (lambda a, k, n: log.append((a, k, n))))
     net = build_model(cfg, device=device, dtype=model_dtype, attention=attention, overrides=overrides)
     if model_hook is not None:
         net = model_hook(net)
@@ -612,7 +627,10 @@ def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             allocated_before = torch.cuda.memory_allocated()
+        if log is not None:
+            log.append(("step", 0, 0))
         step()
+        tracker.on_event = None  # what dies after the step (the model, on return) is not the step's
     settings = _settings(cfg, dict(batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer,
                                    attention=attention, recompute=recompute, device=device, seed=seed,
                                    optimizer_impl=optimizer_impl, framework=framework,
