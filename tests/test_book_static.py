@@ -181,6 +181,20 @@ def test_tidy_moves_glue_with_its_outputs_and_refuses_unsafe_moves(tmp_path: Pat
     assert [p.index for p in tidy_cells.check_notebook(path)] == [2]          # the unsafe cell is left as it was
 
 
+def test_split_cell_puts_prose_between_and_outputs_with_the_second_part() -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.from_dict(_code("def f():\n    return 1\n\nprint(f())", outputs=[
+        {"output_type": "stream", "name": "stdout", "text": "1\n"}]))]
+    nb.cells[0]["id"] = "a"
+    tidy_cells.split_cell(nb, 0, 3, prose="Then call it:")
+    assert [c.cell_type for c in nb.cells] == ["code", "markdown", "code"]
+    assert [c.source for c in nb.cells] == ["def f():\n    return 1", "Then call it:", "print(f())"]
+    assert nb.cells[0].outputs == [] and nb.cells[2].outputs[0]["text"] == "1\n"
+    assert len({c.id for c in nb.cells}) == 3 and [nb.cells[0].execution_count, nb.cells[2].execution_count] == [1, 2]
+
+
 def test_colab_cell_is_silent_and_inert_outside_colab() -> None:
     url, branch = colab_cell.repository()
     source = colab_cell.cell_source("chapters", url, branch)

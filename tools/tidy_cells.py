@@ -310,24 +310,27 @@ def split_cell(nb, index: int, line: int, prose: str | None = None, first_output
     outputs = list(cell.get("outputs", []))
     second = nbformat.v4.new_code_cell(tail, metadata={"tags": list(second_tags)} if second_tags else {})
     second["outputs"], second["execution_count"] = outputs[first_outputs:], cell.get("execution_count")
-    second["id"] = _fresh_id(nb, str(cell.get("id") or f"cell{index}"), "b")
+    ids = {c.get("id") for c in nb.cells}
+    second["id"] = _fresh_id(ids, str(cell.get("id") or f"cell{index}"), "b")
     cell["source"], cell["outputs"] = head, outputs[:first_outputs]
     if first_tags:
         cell.setdefault("metadata", {})["tags"] = [*_tags(cell), *[t for t in first_tags if t not in _tags(cell)]]
     add = [second]
     if prose:
-        md = nbformat.v4.new_markdown_cell(textwrap.fill(prose, 115, break_long_words=False, break_on_hyphens=False))
-        md["id"] = _fresh_id(nb, str(cell.get("id") or f"cell{index}"), "m")
+        md = nbformat.v4.new_markdown_cell(textwrap.fill(prose, 115, break_long_words=False,
+                                                          break_on_hyphens=False))
+        md["id"] = _fresh_id(ids, str(cell.get("id") or f"cell{index}"), "m")
         add = [md, second]
     nb.cells[index + 1:index + 1] = add
     renumber(nb)
 
 
-def _fresh_id(nb, base: str, suffix: str) -> str:
-    ids = {c.get("id") for c in nb.cells}
+def _fresh_id(ids: set, base: str, suffix: str) -> str:
+    """``base-suffix`` (or ``base-suffix2``, ...), not yet in ``ids``; added to it."""
     new_id, k = f"{base}-{suffix}", 2
     while new_id in ids:
         new_id, k = f"{base}-{suffix}{k}", k + 1
+    ids.add(new_id)
     return new_id
 
 
@@ -340,12 +343,7 @@ def _glue_cell(cell, kept: str, moved: str, ids: set, index: int):
     new = nbformat.v4.new_code_cell(moved, metadata={"tags": ["remove-cell", *nbval]})
     new["outputs"] = [o for o in outputs if "scrapbook" in o.get("metadata", {})]
     new["execution_count"] = cell.get("execution_count")
-    base = str(cell.get("id") or f"cell{index}")
-    new_id, k = f"{base}-glue", 2
-    while new_id in ids:
-        new_id, k = f"{base}-glue{k}", k + 1
-    ids.add(new_id)
-    new["id"] = new_id
+    new["id"] = _fresh_id(ids, str(cell.get("id") or f"cell{index}"), "glue")
     return new
 
 
