@@ -1,5 +1,6 @@
 """Static checks of the published book's sources (no build, no browser): Colab cell, static figures before
-widgets, self-hosted JavaScript, launch buttons and the bibliography (issues 10 and 19)."""
+widgets, self-hosted JavaScript, launch buttons and the bibliography (issues 10 and 19); no plumbing in the shown
+code (issue 41)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import colab_cell  # noqa: E402
 import colab_install  # noqa: E402
 import fetch_vendor  # noqa: E402
+import tidy_cells  # noqa: E402
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 CONFIG = yaml.safe_load((REPO / "_config.yml").read_text(encoding="utf-8"))
@@ -114,6 +116,83 @@ def test_widget_rule_flags_a_bare_widget_and_accepts_figure_then_widget() -> Non
     assert len(widget_violations([code(WIDGET)])) == 1
     assert len(widget_violations([code("image/png"), code("text/plain"), code(WIDGET)])) == 1
     assert len(widget_violations([code("image/png"), code(WIDGET), code(WIDGET)])) == 1
+
+
+ALL_NOTEBOOKS = sorted(set(tidy_cells.find_notebooks()) | set(TOC_NOTEBOOKS))
+
+
+def test_every_notebook_is_checked_for_plumbing() -> None:
+    """The page rules below run over every notebook of chapters/, labs/ and drills/, the _toc.yml ones included."""
+    assert set(TOC_NOTEBOOKS) <= set(ALL_NOTEBOOKS)
+    assert {p.parent.name for p in ALL_NOTEBOOKS} == {"chapters", "labs", "drills"}
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=[p.relative_to(REPO).as_posix() for p in ALL_NOTEBOOKS])
+def test_shown_code_has_no_glue_and_at_most_30_lines(path: Path) -> None:
+    """The page shows teaching code: glue calls live in remove-cell cells, a shown cell is at most 30 lines
+    (hide-input cells, whose output is the point, may be longer; they may not glue). Fix: tools/tidy_cells.py."""
+    problems = tidy_cells.check_notebook(path)
+    assert not problems, "\n".join(map(str, problems))
+
+
+def _code(source: str, *tags: str, outputs: list | None = None) -> dict:
+    return {"cell_type": "code", "source": source, "metadata": {"tags": list(tags)} if tags else {},
+            "outputs": outputs or [], "execution_count": 1}
+
+
+def test_page_rules_flag_shown_glue_and_long_cells() -> None:
+    glue = 'print(x)\nglue("k", x, display=False)'
+    long = "\n".join(f"x{i} = {i}" for i in range(31))
+    rules = lambda *cells: [p.rule for p in tidy_cells.check_cells(list(cells))]
+    assert rules(_code(glue)) == ["glue"]
+    assert rules(_code(glue, "hide-input")) == ["glue"]            # folded code is still shown when opened
+    assert rules(_code(glue, "remove-cell"), _code(glue, "remove-input")) == []
+    assert rules(_code(long)) == ["long"]
+    assert rules(_code(long, "hide-input"), _code(long, "remove-cell")) == []
+    assert rules(_code("\n".join(long.splitlines()[:30]) + "\n")) == []   # 30 lines, a trailing newline
+    assert rules({"cell_type": "markdown", "source": glue + "\n" + long, "metadata": {}}) == []
+
+
+def _glue_output(value: str) -> dict:
+    return {"output_type": "display_data", "data": {"application/papermill.record/text/plain": value},
+            "metadata": {"scrapbook": {"name": value}}}
+
+
+def test_tidy_moves_glue_with_its_outputs_and_refuses_unsafe_moves(tmp_path: Path) -> None:
+    import nbformat
+
+    stream = {"output_type": "stream", "name": "stdout", "text": "7\n"}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.from_dict(_code('x = 7\nprint(x)\nglue("a", x, display=False)', outputs=[stream,
+                                                                                            _glue_output("a")])),
+                nbformat.from_dict(_code('y = 1\nglue("b", y, display=False)\ny = 2\nprint(y)',
+                                         outputs=[_glue_output("b")]))]
+    for cell in nb.cells:
+        cell["id"] = f"c{len(cell.source)}"
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    moved, manual = tidy_cells.tidy_notebook(path)
+    assert moved == 1 and len(manual) == 1 and "change ['y']" in manual[0]   # glue("b") reads y, rebound later
+    cells = nbformat.read(path, as_version=4).cells
+    assert [c.source for c in cells[:2]] == ["x = 7\nprint(x)", 'glue("a", x, display=False)']
+    assert cells[1].metadata["tags"] == ["remove-cell"]
+    assert cells[0].outputs == [stream] and [o["data"] for o in cells[1].outputs] == [_glue_output("a")["data"]]
+    assert [c.execution_count for c in cells] == [1, 2, 3]
+    assert [p.index for p in tidy_cells.check_notebook(path)] == [2]          # the unsafe cell is left as it was
+
+
+def test_split_cell_puts_prose_between_and_outputs_with_the_second_part() -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.from_dict(_code("def f():\n    return 1\n\nprint(f())", outputs=[
+        {"output_type": "stream", "name": "stdout", "text": "1\n"}]))]
+    nb.cells[0]["id"] = "a"
+    tidy_cells.split_cell(nb, 0, 3, prose="Then call it:")
+    assert [c.cell_type for c in nb.cells] == ["code", "markdown", "code"]
+    assert [c.source for c in nb.cells] == ["def f():\n    return 1", "Then call it:", "print(f())"]
+    assert nb.cells[0].outputs == [] and nb.cells[2].outputs[0]["text"] == "1\n"
+    assert len({c.id for c in nb.cells}) == 3 and [nb.cells[0].execution_count, nb.cells[2].execution_count] == [1, 2]
 
 
 def test_colab_cell_is_silent_and_inert_outside_colab() -> None:

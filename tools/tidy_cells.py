@@ -183,7 +183,7 @@ def _displays(node: ast.AST) -> bool:
     return not (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in ("print", "display"))
 
 
-def _plan(source: str, later_reads: set[str]) -> tuple[list[int], str] | None:
+def _plan(source: str, later_reads: set[str]) -> list[int] | None:
     """Indices of the top-level statements to move out of ``source``, or None with nothing to do.
 
     Raises ValueError naming why the cell needs a hand edit.
@@ -220,7 +220,7 @@ def _plan(source: str, later_reads: set[str]) -> tuple[list[int], str] | None:
         raise ValueError("the whole cell is glue: tag it remove-cell by hand")
     if _displays(body[kept[-1]]) and kept[-1] < max(move):
         raise ValueError(f"line {body[kept[-1]].lineno}: would become the cell's displayed last expression")
-    return sorted(move), "ok"
+    return sorted(move)
 
 
 def _split_source(source: str, move: list[int]) -> tuple[str, str]:
@@ -287,7 +287,7 @@ def tidy_notebook(path: Path, write: bool = True) -> tuple[int, list[str]]:
             continue
         if plan is None:
             continue
-        kept, moved = _split_source(_source(cell), plan[0])
+        kept, moved = _split_source(_source(cell), plan)
         new_cells.append(_glue_cell(cell, kept, moved, ids, i))
         split += 1
     if split and write:
@@ -310,24 +310,27 @@ def split_cell(nb, index: int, line: int, prose: str | None = None, first_output
     outputs = list(cell.get("outputs", []))
     second = nbformat.v4.new_code_cell(tail, metadata={"tags": list(second_tags)} if second_tags else {})
     second["outputs"], second["execution_count"] = outputs[first_outputs:], cell.get("execution_count")
-    second["id"] = _fresh_id(nb, str(cell.get("id") or f"cell{index}"), "b")
+    ids = {c.get("id") for c in nb.cells}
+    second["id"] = _fresh_id(ids, str(cell.get("id") or f"cell{index}"), "b")
     cell["source"], cell["outputs"] = head, outputs[:first_outputs]
     if first_tags:
         cell.setdefault("metadata", {})["tags"] = [*_tags(cell), *[t for t in first_tags if t not in _tags(cell)]]
     add = [second]
     if prose:
-        md = nbformat.v4.new_markdown_cell(textwrap.fill(prose, 115, break_long_words=False, break_on_hyphens=False))
-        md["id"] = _fresh_id(nb, str(cell.get("id") or f"cell{index}"), "m")
+        md = nbformat.v4.new_markdown_cell(textwrap.fill(prose, 115, break_long_words=False,
+                                                          break_on_hyphens=False))
+        md["id"] = _fresh_id(ids, str(cell.get("id") or f"cell{index}"), "m")
         add = [md, second]
     nb.cells[index + 1:index + 1] = add
     renumber(nb)
 
 
-def _fresh_id(nb, base: str, suffix: str) -> str:
-    ids = {c.get("id") for c in nb.cells}
+def _fresh_id(ids: set, base: str, suffix: str) -> str:
+    """``base-suffix`` (or ``base-suffix2``, ...), not yet in ``ids``; added to it."""
     new_id, k = f"{base}-{suffix}", 2
     while new_id in ids:
         new_id, k = f"{base}-{suffix}{k}", k + 1
+    ids.add(new_id)
     return new_id
 
 
@@ -336,15 +339,11 @@ def _glue_cell(cell, kept: str, moved: str, ids: set, index: int):
     outputs = list(cell.get("outputs", []))
     cell["source"] = kept
     cell["outputs"] = _coalesce([o for o in outputs if "scrapbook" not in o.get("metadata", {})])
-    new = nbformat.v4.new_code_cell(moved, metadata={"tags": ["remove-cell"]})
+    nbval = [t for t in _tags(cell) if t.startswith("nbval-")]      # e.g. timings: not compared, here too
+    new = nbformat.v4.new_code_cell(moved, metadata={"tags": ["remove-cell", *nbval]})
     new["outputs"] = [o for o in outputs if "scrapbook" in o.get("metadata", {})]
     new["execution_count"] = cell.get("execution_count")
-    base = str(cell.get("id") or f"cell{index}")
-    new_id, k = f"{base}-glue", 2
-    while new_id in ids:
-        new_id, k = f"{base}-glue{k}", k + 1
-    ids.add(new_id)
-    new["id"] = new_id
+    new["id"] = _fresh_id(ids, str(cell.get("id") or f"cell{index}"), "glue")
     return new
 
 
