@@ -11,7 +11,6 @@ import argparse
 from typing import NoReturn
 
 from .dtypes import WEIGHT_FORMATS
-from .lora import LORA_TARGETS, METHODS
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "framework_combinations",
            "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
@@ -54,6 +53,14 @@ OFFLOAD = ("none", "optimizer", "params+optimizer")
 #: Pipeline schedules (Chapter 15): GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
 #: interleaved 1F1B.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
+#: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
+#: projections; ``qv`` the original LoRA paper's W_q and W_v.
+LORA_TARGETS = ("all-linear", "attention", "qv")
+
+#: Fine-tuning methods the estimator knows: all weights trained, LoRA on 16-bit frozen weights, QLoRA on
+#: NF4 (double-quantized) frozen weights.
+METHODS = ("full", "lora", "qlora")
 #: KV-cache element types and their bytes.
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 

@@ -1,6 +1,8 @@
 """Interview drills: the question bank, randomized numeric drills graded by memlib, and a drill mode (Drills).
 
-Pure Python on top of the estimators (no torch, no ipywidgets). The package:
+Pure Python on top of the estimators (no torch, no ipywidgets): imports :mod:`memlib.core` and :mod:`memlib.viz`,
+never :mod:`memlib.measure`. Dependency direction inside (``tests/test_import_cycles.py``): ``bank`` → ``engine`` →
+``numeric``, ``widgets`` → ``answers`` → ``concepts``. The package:
 
 * :mod:`~memlib.drills.bank` — the chapters and the question bank, :data:`QUESTIONS`: every interview question
   of the two source notes, the Tips notes (显存优化技巧) and the Strategies notes (常用的显存优化策略) (quoted in

@@ -18,7 +18,7 @@ from ..core.errors import check_choice
 from ..core.estimate import KV_DTYPES, estimate_inference, korthikanti_activation_bytes, state_bytes_per_param
 from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
-from ..core.hardware import get_gpu
+from ..core.hardware import SERVE_GPUS, get_gpu
 from ..core.lora import lora_params
 from ..core.parallel import bubble_fraction, in_flight, korthikanti_layer_bytes
 from ..core.params import count_params
@@ -247,13 +247,10 @@ def _max_batch(rng: random.Random, seed: int) -> Drill:
                  {"model": model, "weights": weights, "kv_dtype": kv, "seq_len": s, "gpu_memory_gib": mem})
 
 
-_SERVE_GPUS = ("l4", "a10", "rtx-4090", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
-
-
 def _serve_setup(rng: random.Random, users: bool) -> tuple[dict[str, Any], Any]:
     """Draw a serving setup whose budget leaves KV blocks (and, for ``users``, at least one full request)."""
     while True:
-        kw: dict[str, Any] = dict(gpu=rng.choice(_SERVE_GPUS), weights=rng.choice(("fp16", "fp16", "int8", "int4")),
+        kw: dict[str, Any] = dict(gpu=rng.choice(SERVE_GPUS), weights=rng.choice(("fp16", "fp16", "int8", "int4")),
                                   kv_dtype=rng.choice(("fp16", "fp8")), block_size=rng.choice((16, 16, 32)),
                                   gpu_memory_utilization=rng.choice((0.8, 0.85, 0.9, 0.9, 0.95)))
         model = rng.choice(_INFER_MODELS)
@@ -306,7 +303,7 @@ def _serve_users(rng: random.Random, seed: int) -> Drill:
 def _decode_latency(rng: random.Random, seed: int) -> Drill:
     while True:
         model = rng.choice(_INFER_MODELS)
-        gpu = get_gpu(rng.choice(_SERVE_GPUS))
+        gpu = get_gpu(rng.choice(SERVE_GPUS))
         weights = rng.choice(("fp16", "int8", "int4"))
         b = rng.choice((1, 1, 8, 32, 64))
         s = rng.choice(_seq_lens(model, (1024, 2048, 4096, 8192)))
