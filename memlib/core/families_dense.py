@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .attention_terms import eager_softmax_terms
 from .configs import DENSE_FAMILIES, ModelConfig
 from .errors import MemlibError
 from .terms import ParamCount
@@ -116,13 +117,10 @@ def _attention_terms(cfg: ModelConfig, add: Add, *, b: int, s: int, e: int, atte
         if t == "falcon":
             part("softmax probabilities (activation dtype)", e * b * a * s * s, f"{e}·bas²")
         else:
-            part("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-            if e != 4:
-                part("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-            if dropout and cfg.attn_dropout > 0:
-                part("attention dropout mask (bool)", b * a * s * s, "bas²")
-                if e == 4:  # no 16-bit cast for the dropout output to stand in for
-                    part("attention dropout output", 4 * b * a * s * s, "4·bas²")
+            drop = dropout and cfg.attn_dropout > 0
+            eager_softmax_terms(part, b=b, a=a, s=s, e=e, dropout=drop)
+            if drop and e == 4:  # no 16-bit cast for the dropout output to stand in for
+                part("attention dropout output", 4 * b * a * s * s, "4·bas²")
         part("attention output (contiguous, output projection input)", e * T * q, f"{e}·bs·a·d")
         return
     window = cfg.sliding_window

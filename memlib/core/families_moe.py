@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .attention_terms import gqa_attention_terms
+from .attention_terms import eager_softmax_terms, gqa_attention_terms
 from .configs import ModelConfig, load_config
 from .errors import MemlibError
 from .families_dense import count_params_dense
@@ -262,11 +262,7 @@ def activation_terms_moe(cfg: ModelConfig, *, b: int, s: int, e: int, attention:
             add("attention output (q/k head width)", e * T * a * dqk, f"{e}·bs·a·(d_nope + d_rope)")
             add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
         else:
-            add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-            if e != 4:
-                add("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-            if dropout and cfg.attn_dropout > 0:
-                add("attention dropout mask (bool)", b * a * s * s, "bas²")
+            eager_softmax_terms(add, b=b, a=a, s=s, e=e, dropout=dropout and cfg.attn_dropout > 0)
             add("v (contiguous copy for the matmul)", e * T * a * dv, f"{e}·bs·a·d_v")
         add("attention output (contiguous, o_proj input)", e * T * a * dv, f"{e}·bs·a·d_v")
         rope_dim = mla.qk_rope_head_dim

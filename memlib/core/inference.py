@@ -111,17 +111,20 @@ def serving_fit(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
                       total <= gpu, settings)
 
 
-def _fits_at(cfg: ModelConfig, gpu_memory_bytes: int, *, weights: str, kv_dtype: str, layout: str | None,
-             prefill_tokens: int | None, cuda_context_bytes: int,
-             fragmentation: float) -> Callable[[int, int], bool]:
-    """``fits(batch_size, seq_len)`` for one model, GPU and serving setup (the searches below vary one)."""
+def _fits_at(model: ModelLike, gpu_memory_bytes: int, limit: int, *, weights: str, kv_dtype: str,
+             layout: str | None, prefill_tokens: int | None, cuda_context_bytes: int,
+             fragmentation: float) -> tuple[ModelConfig, Callable[[int, int], bool]]:
+    """The model's config and ``fits(batch_size, seq_len)`` for one GPU and serving setup (the searches below vary
+    one; ``limit``, where they stop, is checked here)."""
+    check_positive("limit", limit)
+    cfg = load_config(model)
 
     def fits(batch_size: int, seq_len: int) -> bool:
         return serving_fit(cfg, gpu_memory_bytes, batch_size=batch_size, seq_len=seq_len, weights=weights,
                            kv_dtype=kv_dtype, layout=layout, prefill_tokens=prefill_tokens,
                            cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation).fits
 
-    return fits
+    return cfg, fits
 
 
 def max_batch_size(model: ModelLike, gpu_memory_bytes: int, *, seq_len: int = 2048, weights: str = "fp16",
@@ -145,11 +148,9 @@ def max_batch_size(model: ModelLike, gpu_memory_bytes: int, *, seq_len: int = 20
     Returns:
         The batch size.
     """
-    check_positive("limit", limit)
-    cfg = load_config(model)
-
-    fits = _fits_at(cfg, gpu_memory_bytes, weights=weights, kv_dtype=kv_dtype, layout=layout,
-                    prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
+    _, fits = _fits_at(model, gpu_memory_bytes, limit, weights=weights, kv_dtype=kv_dtype, layout=layout,
+                       prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes,
+                       fragmentation=fragmentation)
     return largest_fitting(lambda b: fits(b, seq_len), start=16, cap=limit)
 
 
@@ -163,25 +164,17 @@ def max_seq_len(model: ModelLike, gpu_memory_bytes: int, *, batch_size: int = 1,
     2048, ...): a result equal to it means memory allows at least that much, the model no more.
 
     Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        gpu_memory_bytes: the GPU's memory in bytes.
         batch_size: sequences served together.
-        weights: weight format (see :func:`serving_fit`).
-        kv_dtype: KV-cache dtype.
-        layout: KV layout or None.
-        prefill_tokens: see :func:`serving_reserve`.
-        cuda_context_bytes: see :func:`serving_reserve`.
-        fragmentation: see :func:`serving_reserve`.
         limit: the search stops here.
+        model, gpu_memory_bytes, weights, kv_dtype, layout, prefill_tokens, cuda_context_bytes, fragmentation:
+            as :func:`max_batch_size`'s.
 
     Returns:
         Tokens per sequence.
     """
-    check_positive("limit", limit)
-    cfg = load_config(model)
-
-    fits = _fits_at(cfg, gpu_memory_bytes, weights=weights, kv_dtype=kv_dtype, layout=layout,
-                    prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes, fragmentation=fragmentation)
+    cfg, fits = _fits_at(model, gpu_memory_bytes, limit, weights=weights, kv_dtype=kv_dtype, layout=layout,
+                         prefill_tokens=prefill_tokens, cuda_context_bytes=cuda_context_bytes,
+                         fragmentation=fragmentation)
     cap = min(limit, cfg.max_positions)
     return largest_fitting(lambda s: fits(batch_size, s), start=min(1024, cap), cap=cap)
 

@@ -20,6 +20,7 @@ never :mod:`memlib.measure`. Dependency direction inside (``tests/test_import_cy
 """
 from __future__ import annotations
 
+from . import engine as _engine
 from . import numeric as _numeric  # noqa: F401  (registers the drill kinds, in the order of DRILL_KINDS)
 from .answers import Number, answer_numbers
 from .bank import CHAPTER_PAGES, CHAPTERS, DIFFICULTIES, QUESTIONS, SEED_QUESTIONS_ZH, SOURCES, Question
@@ -59,22 +60,7 @@ __all__ = [
     "find_question",
     "question_markdown",
     "chapter_markdown",
-    "Drill",
-    "DrillKind",
-    "DRILL_KINDS",
-    "drill_kind",
-    "generate",
-    "BYTE_UNITS",
-    "MULTIPLIERS",
-    "UNIT_WORDS",
-    "parse_answer",
+    *_engine.__all__,  # the numeric drills' engine, re-exported whole
     "KORTHIKANTI_RULE",
     "korthikanti_bytes",
-    "grade",
-    "drill_markdown",
-    "DrillResult",
-    "DrillScore",
-    "make_drills",
-    "score",
-    "drill_mode",
 ]
