@@ -17,7 +17,7 @@ from memlib.core.params import count_params
 from memlib.core.setup import TrainingSetup
 
 FRAMEWORK_WORDS = ("pytorch", "deepspeed", "fsdp2", "megatron", "ddp")
-INTERFACE = ("layout", "state_bytes", "optimizer_state_bytes", "extra_state_bytes", "model_state_bytes", "shard",
+INTERFACE = ("activation_terms", "layout", "state_bytes", "optimizer_state_bytes", "extra_state_bytes", "model_state_bytes", "shard",
              "working_set", "working_set_at_step", "offload", "gradient_buffers", "comm_buffers", "backward_extra",
              "optimizer_step_bytes", "step_temp_bytes")
 

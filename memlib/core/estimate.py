@@ -19,7 +19,7 @@ from typing import Any
 
 from . import families_moe
 from .activations import ActivationTerm, _sum_terms, activation_terms, korthikanti_activation_bytes
-from .autocast import autocast_backward_peak, segment_input_bytes, setup_activation_terms
+from .autocast import autocast_backward_peak, segment_input_bytes
 from .checkpointing import segment_layers
 from .choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS,
                       PRECISIONS, RECOMPUTE)
@@ -123,7 +123,8 @@ def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivation
         MemlibError: LoRA/QLoRA for a family whose LoRA terms memlib has not derived.
     """
     b, s, e = setup.batch_size, setup.seq_len, setup.act_bytes
-    per_layer, outside = _sum_terms(terms := setup_activation_terms(cfg, setup))  # autocast's own under AMP
+    terms = framework_for(setup).activation_terms(cfg, setup)  # as the framework's kernels save them
+    per_layer, outside = _sum_terms(terms)
     L, h, f, T, method = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, b * s, setup.method
     if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
         raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "

@@ -9,6 +9,13 @@ what it supports (:attr:`Framework.supports`). :func:`memlib.core.estimate.estim
 without naming a framework; the defaults here are plain data parallelism with the ZeRO paper's sharding
 (Rajbhandari et al. 2020, §5, ``rajbhandari2020zero``), and each framework module overrides what differs.
 Ψ is the parameter count, N the data-parallel ranks sharing the states (``setup.num_gpus``), K the optimizer's bytes.
+
+Where coming work goes: a new layout (TorchTitan, Megatron-FSDP) is a subclass in its own module; what a
+framework's kernels save for backward (Megatron's fused softmax, TorchTitan's compiled blocks) overrides
+:meth:`Framework.activation_terms`; gradient accumulation's extra buffers (DeepSpeed ZeRO-1's and ZeRO-2's
+differ) belong in :meth:`Framework.gradient_buffers` and :meth:`Framework.backward_extra`; a precision-dependent
+layout (DeepSpeed's ``FP16_Optimizer`` at stage 0, Megatron's 16-bit gradient buffer under fp16) in
+:meth:`Framework.layout` and :meth:`Framework.optimizer_step_bytes`, all reading the setup they are given.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from typing import ClassVar
 from .. import families_moe
 from ..choices import FRAMEWORK_SUPPORT
 from ..configs import ModelConfig
+from ..autocast import setup_activation_terms
 from ..lora import lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
 from ..setup import TrainingSetup
 from ..terms import ActivationTerm
@@ -69,6 +77,11 @@ class Framework:
     name: ClassVar[str] = ""
     #: (working weights, gradients, master, one moment) bytes per parameter under ``*-mixed`` precision.
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (2.0, 2.0, 4.0, 4.0)
+    #: What shards the optimizer states at its ZeRO-1 (the planner's words for that rung).
+    sharded_optimizer: ClassVar[str] = "ZeRO-1"
+    #: Whose CPU-offload traffic model applies (:func:`memlib.core.offload.offload_traffic`'s ``implementation``):
+    #: DeepSpeed's ZeRO-Offload by default.
+    offload_traffic: ClassVar[str] = "deepspeed"
 
     @property
     def supports(self) -> Support:
@@ -132,6 +145,13 @@ class Framework:
         small_train = lora_small_tensor_params(cfg, setup.lora_rank, setup.lora_targets)
         return (base + 4 * n_train, 4 * n_train,
                 self.optimizer_state_bytes(n_train, small_train, "fp32", setup.optimizer), n_train)
+
+    # --- what the forward pass saves ---------------------------------------------------------------------------
+    def activation_terms(self, cfg: ModelConfig, setup: TrainingSetup) -> list[ActivationTerm]:
+        """What the forward pass saves for backward under this framework's implementation of the model: by
+        default the transformers model's terms in the setup's dtype (torch.autocast's under PyTorch AMP,
+        :func:`memlib.core.autocast.setup_activation_terms`)."""
+        return setup_activation_terms(cfg, setup)
 
     # --- sharding, working set, offload ---------------------------------------------------------------------
     def shard_stage(self, setup: TrainingSetup) -> int:

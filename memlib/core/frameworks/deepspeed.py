@@ -26,6 +26,7 @@ class DeepSpeed(Framework):
 
     name: ClassVar[str] = "deepspeed"
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (2.0, 2.0, 4.0, 4.0)
+    sharded_optimizer: ClassVar[str] = "DeepSpeed ZeRO-1"
 
     def working_set(self, cfg: ModelConfig | None, layer_params: int, p_sharded: int, n: int, n_train: int,
                     setup: TrainingSetup) -> tuple[int, int]:

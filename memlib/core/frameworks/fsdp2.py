@@ -31,6 +31,8 @@ class FSDP2(Framework):
 
     name: ClassVar[str] = "fsdp2"
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (4.0, 4.0, 0.0, 4.0)
+    sharded_optimizer: ClassVar[str] = "FSDP2's fully_shard"
+    offload_traffic: ClassVar[str] = "fsdp2"
 
     def shard_stage(self, setup: TrainingSetup) -> int:
         """``fully_shard`` shards parameters, gradients and optimizer states at both stages."""

@@ -27,6 +27,7 @@ class Megatron(Framework):
 
     name: ClassVar[str] = "megatron"
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (2.0, 4.0, 4.0, 4.0)
+    sharded_optimizer: ClassVar[str] = "Megatron's distributed optimizer"
 
     def backward_extra(self, cfg: ModelConfig, setup: TrainingSetup, saved: Saved, g_bytes: int, n: int,
                        layer_params: int, generic_peak: Callable[[int], int]) -> int:

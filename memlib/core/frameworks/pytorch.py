@@ -29,6 +29,7 @@ class PyTorch(Framework):
 
     name: ClassVar[str] = "pytorch"
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (4.0, 4.0, 0.0, 4.0)
+    sharded_optimizer: ClassVar[str] = "torch's ZeroRedundancyOptimizer"
 
     def extra_state_bytes(self, setup: TrainingSetup) -> int:
         """GradScaler's 12 bytes under fp16 AMP."""
