@@ -14,7 +14,7 @@ from .dtypes import WEIGHT_FORMATS
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "framework_combinations",
            "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
-           "LORA_TARGETS", "SCHEDULES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
+           "LORA_TARGETS", "SCHEDULES", "MODEL_DTYPES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
 #: (the ZeRO paper's 2 + 2 + 12 bytes per parameter); pure bf16 (``model.to(torch.bfloat16)``).
@@ -31,25 +31,25 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with
 #: ``MixedPrecisionPolicy``), ``megatron`` (Megatron-LM: fp32 ``main_grad``, the distributed optimizer as ZeRO-1).
 FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
+#: The model-parallel degrees (``TrainingSetup.parallel_degrees`` names those set).
+PARALLEL_DEGREES = ("tp", "pp", "cp", "ep")
+#: What lives in CPU memory: nothing; the optimizer states (ZeRO-Offload); params too (ZeRO-3/FSDP offload).
+OFFLOAD = ("none", "optimizer", "params+optimizer")
 #: What each framework supports: (ZeRO stages, offload choices, model-parallel degrees allowed). DeepSpeed's
 #: only model parallelism here is DeepSpeed-MoE's expert parallelism (``deepspeed/moe/layer.py``, ``ep_size``),
 #: which runs with ZeRO 0-2 and no offload in memlib's model.
 FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
     "pytorch": ((0, 1), ("none",), ()),
-    "deepspeed": ((0, 1, 2, 3), ("none", "optimizer", "params+optimizer"), ("ep",)),
+    "deepspeed": ((0, 1, 2, 3), OFFLOAD, ("ep",)),
     "fsdp2": ((2, 3), ("none", "params+optimizer"), ()),
-    "megatron": ((0, 1), ("none",), ("tp", "pp", "cp", "ep")),
+    "megatron": ((0, 1), ("none",), PARALLEL_DEGREES),
 }
-#: The model-parallel degrees (``TrainingSetup.parallel_degrees`` names those set).
-PARALLEL_DEGREES = ("tp", "pp", "cp", "ep")
 #: ZeRO stages (Rajbhandari et al. 2020, §5): 0 plain data parallel; 1 optimizer states; 2 + gradients; 3 + weights.
 ZERO_STAGES = (0, 1, 2, 3)
 #: Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); full (every layer).
 RECOMPUTE = ("none", "selective", "full")
 #: Attention implementations: eager (scores materialized) or sdpa (a flash kernel).
 ATTENTION = ("eager", "sdpa")
-#: What lives in CPU memory: nothing; the optimizer states (ZeRO-Offload); params too (ZeRO-3/FSDP offload).
-OFFLOAD = ("none", "optimizer", "params+optimizer")
 #: Pipeline schedules (Chapter 15): GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
 #: interleaved 1F1B.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -61,6 +61,8 @@ LORA_TARGETS = ("all-linear", "attention", "qv")
 #: Fine-tuning methods the estimator knows: all weights trained, LoRA on 16-bit frozen weights, QLoRA on
 #: NF4 (double-quantized) frozen weights.
 METHODS = ("full", "lora", "qlora")
+#: The dtypes a model is built and traced in (``memlib.measure.trace.build_model``'s ``dtype``).
+MODEL_DTYPES = ("fp32", "bf16", "fp16")
 #: KV-cache element types and their bytes.
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..core.choices import ATTENTION, RECOMPUTE
+from ..core.choices import ATTENTION, LORA_TARGETS, RECOMPUTE
 from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MiB, dtype_bytes, weight_bytes_per_param
 from ..core.errors import check_choice
@@ -26,6 +26,9 @@ from ..core.serve import decode_bytes_per_step, serve, serve_kv_bytes_per_token
 from .engine import Drill, _gb, drill_kind
 
 __all__ = ["KORTHIKANTI_RULE", "korthikanti_bytes"]
+
+#: The pipeline schedules the drills draw from (SCHEDULES reordered: the drills' seeds fix this order).
+_DRILL_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
 _TRAIN_MODELS = ("gpt2", "gpt2-xl", "qwen2-0.5b", "gemma-2b", "llama-2-7b", "mistral-7b", "llama-3-8b",
@@ -153,7 +156,7 @@ def _activations(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS)
     b = rng.choice((1, 2, 4))
     s = rng.choice(_seq_lens(model, (1024, 2048, 4096)))
-    recompute = rng.choice(("none", "selective", "full"))
+    recompute = rng.choice(RECOMPUTE)
     attention = rng.choice(("sdpa", "eager"))
     acts = korthikanti_bytes(model, b, s, attention, recompute)
     e = estimate_training(model, batch_size=b, seq_len=s, recompute=recompute, attention=attention)
@@ -402,7 +405,7 @@ def _effective_batch(rng: random.Random, seed: int) -> Drill:
 def _lora_params_drill(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS)
     rank = rng.choice((4, 8, 16, 32, 64))
-    targets = rng.choice(("all-linear", "attention", "qv"))
+    targets = rng.choice(LORA_TARGETS)
     words = {"all-linear": "every Linear layer of each decoder block (q, k, v, o and the MLP)",
              "attention": "the four attention projections (q, k, v, o)", "qv": "W_q and W_v only"}[targets]
     n = lora_params(model, rank, targets)
@@ -436,7 +439,7 @@ def _offload_host(rng: random.Random, seed: int) -> Drill:
 def _pp_bubble(rng: random.Random, seed: int) -> Drill:
     p = rng.choice((2, 4, 8, 16))
     m = rng.choice((4, 8, 16, 32, 64))
-    sched = rng.choice(("1f1b", "gpipe", "interleaved"))
+    sched = rng.choice(_DRILL_SCHEDULES)
     v = 2 if sched == "interleaved" else 1
     words = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "the interleaved 1F1B schedule with v = 2 chunks "
              "per GPU"}[sched]
@@ -469,7 +472,7 @@ def _tp_activations(rng: random.Random, seed: int) -> Drill:
 def _pp_first_stage(rng: random.Random, seed: int) -> Drill:
     p = rng.choice((2, 4, 8))
     m = rng.choice((4, 8, 16, 32))
-    sched = rng.choice(("1f1b", "gpipe", "interleaved"))
+    sched = rng.choice(_DRILL_SCHEDULES)
     if sched == "interleaved" and m % p:
         m = 2 * p
     words = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B with v = 2"}[sched]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from ..core.checkpointing import best_checkpoint_every, largest_batch, segment_layers, segment_peak_bytes
+from ..core.choices import MODEL_DTYPES, RECOMPUTE
 from ..core.configs import ModelConfig, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from .deps import require_torch
@@ -226,7 +227,7 @@ class RecomputeMeasurement:
 
 
 def _model_dtype(precision: str) -> str:
-    check_choice("precision", precision, ("fp32", "bf16", "fp16"))
+    check_choice("precision", precision, MODEL_DTYPES)
     return precision
 
 
@@ -497,7 +498,7 @@ def gpu_checkpointing_results(model: ModelLike = "gpt2-medium", *, seq_len: int 
     total = int(torch.cuda.get_device_properties(0).total_memory)
     free, _ = torch.cuda.mem_get_info()
     rows = []
-    for recompute in ("none", "selective", "full"):
+    for recompute in RECOMPUTE:
         measured = largest_batch_cuda(model, seq_len=seq_len, recompute=recompute, max_batch=max_batch)
         budget = int(free)
         traced = largest_batch(lambda b: trace_recompute(model, batch_size=b, seq_len=seq_len, precision="bf16",

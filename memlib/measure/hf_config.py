@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.choices import ATTENTION
+from ..core.choices import ATTENTION, MODEL_DTYPES
 from ..core.configs import SUPPORTED_MODEL_TYPES, ModelConfig, config_source, load_config, unsupported_model_type
 from ..core.errors import MemlibError, check_choice
 from ..core.params import ParamCount, count_params
@@ -160,7 +160,7 @@ def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str
     """
     torch = require_torch("memlib.measure.trace")
     check_choice("attention", attention, ATTENTION)
-    check_choice("dtype", dtype, ("fp32", "bf16", "fp16"))
+    check_choice("dtype", dtype, MODEL_DTYPES)
     cfg = load_any_config(model)
     raw = _with_layers(dict(cfg.raw), overrides)
     load_any_config(raw)  # validate the overridden config

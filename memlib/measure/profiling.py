@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.choices import MODEL_DTYPES
 from ..core.configs import ModelConfig, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.profiling import MemoryTimeline, downsample_timeline, load_snapshot, snapshot_timeline
@@ -323,7 +324,7 @@ def matmul_benchmark(n: int = 1024, *, dtype: str = "fp32", device: str = "cpu",
         The best and median FLOP/s.
     """
     torch = _torch()
-    check_choice("dtype", dtype, ("fp32", "bf16", "fp16"))
+    check_choice("dtype", dtype, MODEL_DTYPES)
     check_choice("device", device, ("cpu", "cuda"))
     n, repeats = check_positive("n", n), check_positive("repeats", repeats)
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]

@@ -40,7 +40,7 @@ __all__ = ["TraceResult", "MemoryTracker", "build_model", "trace_training", "TRA
 TRACE_PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp16")
 TRACE_OPTIMIZERS = OPTIMIZERS
 #: The frameworks whose training recipe :func:`trace_training` runs (of :data:`memlib.core.choices.FRAMEWORKS`).
-TRACE_FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
+TRACE_FRAMEWORKS = FRAMEWORKS
 #: The precisions FSDP2 is traced in (:func:`memlib.measure.recipes._fsdp2_shard`).
 FSDP2_PRECISIONS = ("bf16-mixed", "fp32", "bf16")
 #: The data-parallel wrappers :func:`trace_training` runs: none, or PyTorch's DistributedDataParallel (one rank).
