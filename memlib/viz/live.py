@@ -30,7 +30,7 @@ from ..core.errors import MemlibError, check_choice
 from ..core.choices import FRAMEWORKS, KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 from ..core.estimate import TrainingEstimate, estimate_training
 from ..core.formats import FORMAT_NAMES, encode
-from ..core.hardware import SERVE_GPUS  # the serving menu, defined once
+from ..core.hardware import GPU_MEMORY_MENU_GIB, SERVE_GPUS  # the menus, defined once
 from ..core.offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
 from ..core.params import count_params
 from ..core.plan import JOBS, Plan, plan
@@ -60,7 +60,7 @@ LIVE_DATA: tuple[str, ...] = ("core/configs/*.json", "drills/bank.json")
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 NUM_GPUS = (1, 2, 4, 8, 16, 32, 64)
-GPU_MEMORY_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
+GPU_MEMORY_GIB = GPU_MEMORY_MENU_GIB
 _CATEGORY_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
                    "activations": "activations", "temp": "temporaries"}
 
@@ -458,7 +458,7 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
 
 # ------------------------------------------------------------------------------------- planner (Ch. 13)
 PLAN_GPUS = (1, 2, 4, 8, 16, 32, 64)
-PLAN_GPU_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
+PLAN_GPU_GIB = GPU_MEMORY_MENU_GIB
 PLAN_BATCH = (1, 2, 4, 8, 16)
 PLAN_SEQ = (512, 1024, 2048, 4096, 8192)
 
