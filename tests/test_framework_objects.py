@@ -17,7 +17,7 @@ from memlib.core.params import count_params
 from memlib.core.setup import TrainingSetup
 
 FRAMEWORK_WORDS = ("pytorch", "deepspeed", "fsdp2", "megatron", "ddp")
-INTERFACE = ("activation_terms", "layout", "state_bytes", "optimizer_state_bytes", "extra_state_bytes", "model_state_bytes", "shard",
+INTERFACE = ("check", "activation_terms", "layout", "state_bytes", "optimizer_state_bytes", "extra_state_bytes", "model_state_bytes", "shard",
              "working_set", "working_set_at_step", "offload", "gradient_buffers", "comm_buffers", "backward_extra",
              "optimizer_step_bytes", "step_temp_bytes")
 
@@ -58,6 +58,13 @@ def test_every_framework_choice_is_one_object_with_the_interface() -> None:
         assert get_framework(name) is fw
     with pytest.raises(MemlibError, match="unknown framework 'jax'; expected one of: pytorch"):
         get_framework("jax")
+    with pytest.raises(MemlibError, match="framework 'deepspeed' does not support ep parallelism with zero 3; valid"):
+        get_framework("deepspeed").check(3, "none", ("ep",))
+    with pytest.raises(MemlibError, match="framework 'deepspeed' does not support ep parallelism with offload"):
+        get_framework("deepspeed").check(2, "optimizer", ("ep",))
+    get_framework("deepspeed").check(2, "none", ("ep",))  # DeepSpeed-MoE: ZeRO 0-2 without offload
+    with pytest.raises(MemlibError, match="framework 'pytorch' does not support zero 2; valid combinations"):
+        get_framework("pytorch").check(2, "none", ())
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)

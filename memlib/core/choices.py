@@ -12,8 +12,8 @@ from typing import NoReturn
 
 from .dtypes import WEIGHT_FORMATS
 
-__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "framework_combinations",
-           "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
+__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "WITH_PARALLELISM",
+           "framework_combinations", "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
            "LORA_TARGETS", "SCHEDULES", "MODEL_DTYPES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
@@ -44,6 +44,9 @@ FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, 
     "fsdp2": ((2, 3), ("none", "params+optimizer"), ()),
     "megatron": ((0, 1), ("none",), PARALLEL_DEGREES),
 }
+#: The ZeRO stages and offload choices left with model parallelism, where fewer than without it: DeepSpeed-MoE's
+#: expert parallelism runs with ZeRO 0-2 and no offload in memlib's model.
+WITH_PARALLELISM: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {"deepspeed": ((0, 1, 2), ("none",))}
 #: ZeRO stages (Rajbhandari et al. 2020, §5): 0 plain data parallel; 1 optimizer states; 2 + gradients; 3 + weights.
 ZERO_STAGES = (0, 1, 2, 3)
 #: Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); full (every layer).
@@ -81,7 +84,8 @@ def check_framework(framework: str, zero_stage: int, offload: str, parallel: boo
     the framework does not support, e.g. ``pytorch`` with ZeRO-2 (torch has no ZeRO-2; use deepspeed or fsdp2).
 
     ``parallel`` names the model-parallel degrees set (:data:`PARALLEL_DEGREES`); True means all of them.
-    DeepSpeed with expert parallelism supports ZeRO 0-2 without offload."""
+    With model parallelism a framework may support fewer stages and offloads (:data:`WITH_PARALLELISM`: DeepSpeed
+    with expert parallelism supports ZeRO 0-2 without offload)."""
     from .errors import MemlibError, check_choice
 
     check_choice("framework", framework, FRAMEWORKS)
@@ -94,8 +98,11 @@ def check_framework(framework: str, zero_stage: int, offload: str, parallel: boo
     degrees = PARALLEL_DEGREES if parallel is True else tuple(parallel or ())
     if any(d not in mp for d in degrees):
         bad.append(f"{'/'.join(d for d in degrees if d not in mp)} parallelism")
-    elif degrees and framework == "deepspeed" and (zero_stage == 3 or offload != "none"):
-        bad.append("ep parallelism" + (f" with zero {zero_stage}" if zero_stage == 3 else f" with offload {offload!r}"))
+    elif degrees and framework in WITH_PARALLELISM:
+        mp_stages, mp_offloads = WITH_PARALLELISM[framework]
+        if zero_stage not in mp_stages or offload not in mp_offloads:
+            bad.append(f"{'/'.join(degrees)} parallelism" + (f" with zero {zero_stage}" if zero_stage not in mp_stages
+                                                             else f" with offload {offload!r}"))
     if bad:
         raise MemlibError(f"framework {framework!r} does not support {' with '.join(bad)}; valid combinations: "
                           f"{framework_combinations()}")

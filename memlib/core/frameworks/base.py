@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .. import families_moe
-from ..choices import FRAMEWORK_SUPPORT
+from ..choices import FRAMEWORK_SUPPORT, check_framework
 from ..configs import ModelConfig
 from ..autocast import setup_activation_terms
 from ..lora import lora_params, lora_small_tensor_params, qlora_base_bytes, targeted_linears
@@ -87,6 +87,11 @@ class Framework:
     def supports(self) -> Support:
         """The ZeRO stages, offload choices and parallelism the framework supports."""
         return Support(*FRAMEWORK_SUPPORT[self.name])
+
+    def check(self, zero_stage: int, offload: str, parallel: bool | tuple[str, ...]) -> None:
+        """Raise one line naming the valid combinations for a ZeRO stage, offload or parallelism the framework
+        lacks (:func:`memlib.core.choices.check_framework`, which every setup runs)."""
+        check_framework(self.name, zero_stage, offload, parallel)
 
     # --- states per parameter -------------------------------------------------------------------------------
     def layout(self, precision: str) -> tuple[float, float, float, float]:
