@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .choices import KV_DTYPES
-from .configs import ModelConfig, check_seq_len, load_config
+from .configs import ModelConfig, load_config
 from .dtypes import GiB
 from .errors import MemlibError, check_choice, check_positive
 from .families_moe import kv_elements_per_token
