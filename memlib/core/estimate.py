@@ -5,11 +5,13 @@ DeepSpeed, whose is the ZeRO paper's accounting, Rajbhandari et al. 2020, §3 an
 derived for the architecture configured (:mod:`memlib.core.activations`, re-exported here) and checked
 against :mod:`memlib.measure.trace`.
 
-:func:`estimate_training` composes one short function per term, each with its formula and source:
-:func:`model_state_bytes`, :func:`shard_states`, :func:`gathered_bytes`, :func:`offload_split` (these four and
-:func:`optimizer_step_bytes` live in :mod:`memlib.core.frameworks` and are re-exported here),
-:func:`saved_activations`, :func:`backward_peak_bytes` and :func:`optimizer_step_bytes`. They trust their
-:class:`memlib.core.setup.TrainingSetup`, which validated the settings once.
+:func:`estimate_training` composes the setup's framework object (:func:`memlib.core.frameworks.framework_for`)
+without naming a framework: its model states (:func:`memlib.core.states.model_states`: states per parameter,
+sharding, working set, offload, gradient buffers), :func:`saved_activations`, its backward moments around
+:func:`backward_peak_bytes` and its step temporaries. The per-term functions of the first version
+(:func:`model_state_bytes`, :func:`shard_states`, :func:`gathered_bytes`, :func:`offload_split`,
+:func:`optimizer_step_bytes`) are re-exported here. They trust their :class:`memlib.core.setup.TrainingSetup`,
+which validated the settings once.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from .parallel import check_layout, estimate_parallel
 from .params import count_params
 from .serving_terms import kv_cache_bytes
 from .setup import InferenceSetup, TrainingSetup
-from .states import echo_settings, model_states
+from .states import echo_settings, model_states, states_estimate
 from .terms import InferenceEstimate, TrainingEstimate
 
 __all__ = [
@@ -315,14 +317,12 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
+    if cfg is None:  # params=N: the model states only
+        return states_estimate(n, setup)
     fw = framework_for(setup)  # the framework's object: its states, buffers, backward moments and step temporaries
     st = model_states(cfg, n, small, layer_params, setup)
     p_bytes, g_bytes, o_bytes, n_train = st.params_bytes, st.grads_bytes, st.optimizer_bytes, st.trainable_params
     settings = echo_settings(setup, cfg, n, n_train)
-    if cfg is None:
-        g_bytes += st.buffer_step
-        return TrainingEstimate(p_bytes, g_bytes, o_bytes, None, 0, p_bytes + g_bytes + o_bytes, "states", settings,
-                                st.cpu_bytes)
     acts = saved_activations(cfg, setup)
     backward_extra = fw.backward_extra(cfg, setup, Saved(acts.bytes, acts.live_layer, acts.terms), g_bytes, n,
                                        layer_params, lambda grads: backward_peak_bytes(cfg, setup, acts, grads, n,
