@@ -129,6 +129,13 @@ def test_the_graph_sees_relative_function_level_and_package_imports() -> None:
     assert any(e.startswith("memlib.core.") for e in graph["memlib.cli"])
 
 
+def test_function_level_imports_count_and_type_checking_ones_do_not() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\nelse:\n"
+                     "    from .b import B\ndef f():\n    from .c import C\n    import d\n")
+    found = sorted(n.module if isinstance(n, ast.ImportFrom) else n.names[0].name for n in _import_nodes(tree))
+    assert found == ["b", "c", "d", "typing"]
+
+
 def test_the_cycle_finder_finds_a_cycle_and_names_it() -> None:
     toy = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     comps = strongly_connected(toy)
