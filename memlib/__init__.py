@@ -1,4 +1,9 @@
-"""memlib: GPU memory estimates (pure Python) and measurements (PyTorch) for The GPU Memory Book."""
+"""memlib: GPU memory estimates (pure Python) and measurements (PyTorch) for The GPU Memory Book.
+
+Dependency direction: ``core`` ← ``measure``, ``viz`` ← ``drills`` ← ``cli``; ``_book`` (one chapter's code) may
+import them all and nothing imports it (tests/test_layers.py); no package has an import cycle
+(tests/test_import_cycles.py). Each package's ``__init__`` gives the order inside it.
+"""
 from __future__ import annotations
 
 from .core.categories import MemCategory

@@ -132,6 +132,12 @@ SINGLE_NOTEBOOK_ALLOWED: dict[str, str] = {
     # the drill cards run in the reader's browser from the live zip (memlib.viz.live.LIVE_MODULES), which ships
     # memlib.drills and never memlib._book
     "memlib.drills.widgets.flashcard_widget": "the numeric drills' flashcards, shipped to the browser with drills",
+    # the per-term functions of the first memlib.core.frameworks, kept by name (Chapter 6 calls them); each one
+    # dispatches to the setup's framework object, which is what the estimator composes
+    "memlib.core.frameworks.__init__.bucket_bytes": "a kept per-term name over the framework objects (Chapter 6)",
+    "memlib.core.frameworks.__init__.ddp_bucket_bytes": "a kept per-term name over the framework objects (Chapter 6)",
+    # the recorder labs/gpu_suite.py runs on a lent GPU (its registry names it), beside the lab that loads its JSON
+    "memlib.measure.checkpointing.gpu_checkpointing_results": "the GPU suite's checkpointing recorder (labs/gpu_suite.py)",
 }
 
 

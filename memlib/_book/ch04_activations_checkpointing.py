@@ -8,6 +8,7 @@ the CPU; :func:`step_flops` and :func:`stack_flops` count what recomputation add
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,13 +70,7 @@ def measure_recompute(model: ModelLike, *, batch_size: int = 1, seq_len: int = 5
     params = tracker.track_model(net)
     tracker.track_inputs(input_ids)
     with _patched(attention == "sdpa"), _maybe(recompute == "selective", selective_attention_core), tracker.mode():
-        tracker.reset_peak()
-        with tracker.forward():
-            loss = net(input_ids=input_ids, labels=input_ids).loss
-        saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
-        with tracker.backward():
-            loss.backward()
-            del loss
+        saved = _forward_backward(net, input_ids, tracker, params, contextlib.nullcontext())
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
                 "attention": attention, "recompute": recompute, "checkpoint_every": checkpoint_every,
                 "device": device, "overrides": dict(overrides or {}), "method": "full"}
@@ -102,6 +97,21 @@ class StepFlops:
     def total(self) -> int:
         """forward + backward."""
         return self.forward + self.backward
+
+
+
+def _forward_backward(net: Any, input_ids: Any, tracker: MemoryTracker, params: int,
+                      forward_context: contextlib.AbstractContextManager[Any]) -> int:
+    """One traced forward (inside ``forward_context``) and backward of ``net`` on ``input_ids``: the bytes saved for
+    backward at the end of the forward pass (the parameters and buffers left out)."""
+    tracker.reset_peak()
+    with tracker.forward(), forward_context:
+        loss = net(input_ids=input_ids, labels=input_ids).loss
+    saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
+    with tracker.backward():
+        loss.backward()
+        del loss
+    return int(saved)
 
 
 def _flop_mapping() -> dict[Any, Any]:
@@ -213,11 +223,7 @@ def measure_offload(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
     ``save_on_cpu`` does).
 
     Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: sequences per step.
-        seq_len: tokens per sequence.
-        precision: model dtype.
-        attention: ``eager`` or ``sdpa``.
+        model, batch_size, seq_len, precision, attention: as :func:`step_flops`'s.
         device: ``meta`` or ``cpu``.
         overrides: config fields to replace.
         seed: seed for the inputs and initialization.
@@ -257,13 +263,8 @@ def measure_offload(model: ModelLike, *, batch_size: int = 1, seq_len: int = 512
         return host.clone()  # the host → device copy the backward pass reads
 
     with _patched(attention == "sdpa"), tracker.mode():
-        tracker.reset_peak()
-        with tracker.forward(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            loss = net(input_ids=input_ids, labels=input_ids).loss
-        saved = tracker.total - params - tracker.totals[MemCategory.BUFFER]
-        with tracker.backward():
-            loss.backward()
-            del loss
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)  # every saved tensor to the host and back
+        saved = _forward_backward(net, input_ids, tracker, params, hooks)
     settings = {"model": cfg.name, "batch_size": batch_size, "seq_len": seq_len, "precision": precision,
                 "attention": attention, "recompute": "offload", "device": device, "skip_params": skip_params,
                 "overrides": dict(overrides or {})}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .ch05_loss_weights import NORMALIZATIONS, last_group_scale, normalization_error, token_loss_weights
+from ..core.choices import MODEL_DTYPES
 from ..core.configs import ModelConfig, load_config
 from ..core.errors import MemlibError, check_choice, check_positive
 from ..measure.deps import require_torch
@@ -453,7 +454,7 @@ def trace_accumulation(model: str | Path | dict[str, Any] | ModelConfig, *, micr
     b = check_positive("micro_batch_size", micro_batch_size)
     k = check_positive("accumulation_steps", accumulation_steps)
     seq_len = check_positive("seq_len", seq_len)
-    check_choice("precision", precision, ("fp32", "bf16", "fp16"))
+    check_choice("precision", precision, MODEL_DTYPES)
     check_choice("optimizer", optimizer, ("sgd", "sgd-momentum", "adamw"))
     check_choice("device", device, ("meta", "cpu", "cuda"))
     torch.manual_seed(seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..core.choices import MODEL_DTYPES
 from ..core.errors import MemlibError, check_choice, check_positive
 from ..core.flash import AttentionIO, flash_block_sizes, flash_io_bytes, standard_io_bytes
 from ..measure.flash import _acc_dtype, _check_qkv, _scale, _torch, flash_attention, naive_attention
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: ``scaled_dot_product_attention`` restricted to one backend (``sdpa-efficient`` exists on CUDA only).
 ATTENTION_IMPLS = ("naive", "flash", "sdpa-math", "sdpa-flash", "sdpa-efficient")
 _DEVICES = ("meta", "cpu", "cuda")
-_DTYPES = ("fp32", "bf16", "fp16")
+_DTYPES = MODEL_DTYPES
 
 
 class _HBM:

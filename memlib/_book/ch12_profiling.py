@@ -79,14 +79,7 @@ def narayanan_flops(model: ModelLike, batch_size: int, seq_len: int) -> float:
 
     Introduced in Chapter 12. Narayanan et al. (2021) count the extra forward of the layers that activation
     recomputation runs (4 passes instead of 3), so this is a hardware count (HFU), not a model count (MFU).
-
-    Args:
-        model: shipped name, config.json path, dict or ModelConfig.
-        batch_size: B.
-        seq_len: s.
-
-    Returns:
-        FLOPs of the step.
+    Arguments and result as :func:`megatron_flops`'s.
     """
     cfg = load_config(model)
     b, s = check_positive("batch_size", batch_size), check_positive("seq_len", seq_len)

@@ -50,9 +50,15 @@ def gqa_attention_terms(add: AddTerm, cfg: ModelConfig, *, batch_size: int, seq_
         kv_saved = q if rep > 1 else kv  # repeat_kv makes full-size copies of k and v for GQA/MQA
         add("q after rotary; k, v (repeated for GQA)", e * T * (q + 2 * kv_saved),
             f"{e}·bs·(a + 2·{'a' if rep > 1 else 'a_kv'})·d")
-        add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-        if e != 4:
-            add("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-        if dropout and cfg.attn_dropout > 0:
-            add("attention dropout mask (bool)", b * a * s * s, "bas²")
+        eager_softmax_terms(add, b=b, a=a, s=s, e=e, dropout=dropout and cfg.attn_dropout > 0)
         add("attention output (contiguous, o_proj input)", e * T * q, f"{e}·bs·a·d")
+
+
+def eager_softmax_terms(add: AddTerm, *, b: int, a: int, s: int, e: int, dropout: bool) -> None:
+    """Add eager attention's softmax terms: transformers' fp32 softmax probabilities, their cast to the activation
+    dtype (none in fp32) and, with ``dropout``, the attention dropout's boolean mask (b·a·s² each, times bytes)."""
+    add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
+    if e != 4:
+        add("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
+    if dropout:
+        add("attention dropout mask (bool)", b * a * s * s, "bas²")

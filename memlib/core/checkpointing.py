@@ -1,7 +1,7 @@
 """Gradient checkpointing, the pure half: Chen et al. (2016)'s segment model and the largest-batch search (Chapter 4).
 
 No torch. The measurements (recompute modes traced on the meta device, FLOPs, activation offloading, the
-Chapter 4 lab's GPU run) are in :mod:`memlib.measure.checkpointing` and :mod:`memlib.measure.checkpointing_lab`.
+Chapter 4 lab's GPU run) are in :mod:`memlib.measure.checkpointing`.
 The estimator (:func:`memlib.core.estimate.estimate_training`, ``checkpoint_every``) uses
 :func:`segment_layers` with ``clamp=True``.
 """

@@ -11,11 +11,10 @@ import argparse
 from typing import NoReturn
 
 from .dtypes import WEIGHT_FORMATS
-from .lora import LORA_TARGETS, METHODS
 
-__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "framework_combinations",
-           "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
-           "LORA_TARGETS", "SCHEDULES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
+__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "WITH_PARALLELISM",
+           "framework_combinations", "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
+           "LORA_TARGETS", "SCHEDULES", "MODEL_DTYPES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
 #: (the ZeRO paper's 2 + 2 + 12 bytes per parameter); pure bf16 (``model.to(torch.bfloat16)``).
@@ -32,28 +31,41 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with
 #: ``MixedPrecisionPolicy``), ``megatron`` (Megatron-LM: fp32 ``main_grad``, the distributed optimizer as ZeRO-1).
 FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
+#: The model-parallel degrees (``TrainingSetup.parallel_degrees`` names those set).
+PARALLEL_DEGREES = ("tp", "pp", "cp", "ep")
+#: What lives in CPU memory: nothing; the optimizer states (ZeRO-Offload); params too (ZeRO-3/FSDP offload).
+OFFLOAD = ("none", "optimizer", "params+optimizer")
 #: What each framework supports: (ZeRO stages, offload choices, model-parallel degrees allowed). DeepSpeed's
 #: only model parallelism here is DeepSpeed-MoE's expert parallelism (``deepspeed/moe/layer.py``, ``ep_size``),
 #: which runs with ZeRO 0-2 and no offload in memlib's model.
 FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
     "pytorch": ((0, 1), ("none",), ()),
-    "deepspeed": ((0, 1, 2, 3), ("none", "optimizer", "params+optimizer"), ("ep",)),
+    "deepspeed": ((0, 1, 2, 3), OFFLOAD, ("ep",)),
     "fsdp2": ((2, 3), ("none", "params+optimizer"), ()),
-    "megatron": ((0, 1), ("none",), ("tp", "pp", "cp", "ep")),
+    "megatron": ((0, 1), ("none",), PARALLEL_DEGREES),
 }
-#: The model-parallel degrees (``TrainingSetup.parallel_degrees`` names those set).
-PARALLEL_DEGREES = ("tp", "pp", "cp", "ep")
+#: The ZeRO stages and offload choices left with model parallelism, where fewer than without it: DeepSpeed-MoE's
+#: expert parallelism runs with ZeRO 0-2 and no offload in memlib's model.
+WITH_PARALLELISM: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {"deepspeed": ((0, 1, 2), ("none",))}
 #: ZeRO stages (Rajbhandari et al. 2020, §5): 0 plain data parallel; 1 optimizer states; 2 + gradients; 3 + weights.
 ZERO_STAGES = (0, 1, 2, 3)
 #: Activation recomputation: none; selective (the attention core, Korthikanti et al. 2022); full (every layer).
 RECOMPUTE = ("none", "selective", "full")
 #: Attention implementations: eager (scores materialized) or sdpa (a flash kernel).
 ATTENTION = ("eager", "sdpa")
-#: What lives in CPU memory: nothing; the optimizer states (ZeRO-Offload); params too (ZeRO-3/FSDP offload).
-OFFLOAD = ("none", "optimizer", "params+optimizer")
 #: Pipeline schedules (Chapter 15): GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
 #: interleaved 1F1B.
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
+#: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
+#: projections; ``qv`` the original LoRA paper's W_q and W_v.
+LORA_TARGETS = ("all-linear", "attention", "qv")
+
+#: Fine-tuning methods the estimator knows: all weights trained, LoRA on 16-bit frozen weights, QLoRA on
+#: NF4 (double-quantized) frozen weights.
+METHODS = ("full", "lora", "qlora")
+#: The dtypes a model is built and traced in (``memlib.measure.trace.build_model``'s ``dtype``).
+MODEL_DTYPES = ("fp32", "bf16", "fp16")
 #: KV-cache element types and their bytes.
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -72,7 +84,8 @@ def check_framework(framework: str, zero_stage: int, offload: str, parallel: boo
     the framework does not support, e.g. ``pytorch`` with ZeRO-2 (torch has no ZeRO-2; use deepspeed or fsdp2).
 
     ``parallel`` names the model-parallel degrees set (:data:`PARALLEL_DEGREES`); True means all of them.
-    DeepSpeed with expert parallelism supports ZeRO 0-2 without offload."""
+    With model parallelism a framework may support fewer stages and offloads (:data:`WITH_PARALLELISM`: DeepSpeed
+    with expert parallelism supports ZeRO 0-2 without offload)."""
     from .errors import MemlibError, check_choice
 
     check_choice("framework", framework, FRAMEWORKS)
@@ -85,8 +98,11 @@ def check_framework(framework: str, zero_stage: int, offload: str, parallel: boo
     degrees = PARALLEL_DEGREES if parallel is True else tuple(parallel or ())
     if any(d not in mp for d in degrees):
         bad.append(f"{'/'.join(d for d in degrees if d not in mp)} parallelism")
-    elif degrees and framework == "deepspeed" and (zero_stage == 3 or offload != "none"):
-        bad.append("ep parallelism" + (f" with zero {zero_stage}" if zero_stage == 3 else f" with offload {offload!r}"))
+    elif degrees and framework in WITH_PARALLELISM:
+        mp_stages, mp_offloads = WITH_PARALLELISM[framework]
+        if zero_stage not in mp_stages or offload not in mp_offloads:
+            bad.append(f"{'/'.join(degrees)} parallelism" + (f" with zero {zero_stage}" if zero_stage not in mp_stages
+                                                             else f" with offload {offload!r}"))
     if bad:
         raise MemlibError(f"framework {framework!r} does not support {' with '.join(bad)}; valid combinations: "
                           f"{framework_combinations()}")

@@ -5,36 +5,38 @@ DeepSpeed, whose is the ZeRO paper's accounting, Rajbhandari et al. 2020, §3 an
 derived for the architecture configured (:mod:`memlib.core.activations`, re-exported here) and checked
 against :mod:`memlib.measure.trace`.
 
-:func:`estimate_training` composes one short function per term, each with its formula and source:
-:func:`model_state_bytes`, :func:`shard_states`, :func:`gathered_bytes`, :func:`offload_split` (these four and
-:func:`optimizer_step_bytes` live in :mod:`memlib.core.frameworks` and are re-exported here),
-:func:`saved_activations`, :func:`backward_peak_bytes` and :func:`optimizer_step_bytes`. They trust their
-:class:`memlib.core.setup.TrainingSetup`, which validated the settings once.
+:func:`estimate_training` composes the setup's framework object (:func:`memlib.core.frameworks.framework_for`)
+without naming a framework: its model states (:func:`memlib.core.states.model_states`: states per parameter,
+sharding, working set, offload, gradient buffers), :func:`saved_activations`, its backward moments around
+:func:`backward_peak_bytes` and its step temporaries. The per-term functions of the first version
+(:func:`model_state_bytes`, :func:`shard_states`, :func:`gathered_bytes`, :func:`offload_split`,
+:func:`optimizer_step_bytes`) are re-exported here. They trust their :class:`memlib.core.setup.TrainingSetup`,
+which validated the settings once.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import families_moe
 from .activations import ActivationTerm, _sum_terms, activation_terms, korthikanti_activation_bytes
-from .autocast import autocast_backward_peak, segment_input_bytes, setup_activation_terms
-from .choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS,
-                      PRECISIONS,
-                      RECOMPUTE)
-from .categories import estimate_by_category
+from .autocast import autocast_backward_peak, segment_input_bytes
 from .checkpointing import segment_layers
+from .choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS,
+                      PRECISIONS, RECOMPUTE)
 from .configs import DENSE_FAMILIES, ModelConfig, check_seq_len, load_config
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
-from .frameworks import (_ADAMW_TEMP_BYTES, _for_loop_elements, _lora_for_loop_elements, _parameter_order,
-                         bucket_bytes, ddp_bucket_bytes, fsdp2_backward_bytes, fsdp2_traced_layout, gathered_bytes,
-                         model_state_bytes, offload_split, optimizer_state_bytes, optimizer_step_bytes, shard_states,
-                         state_bytes, zero3_gathered_bytes)
+from .frameworks import (Saved, _parameter_order, framework_for, gathered_bytes, model_state_bytes, offload_split,
+                         optimizer_state_bytes, optimizer_step_bytes, shard_states, state_bytes, zero3_gathered_bytes)
 from .lora import quantized_weight_bytes, targeted_linears
+from .parallel import check_layout, estimate_parallel
 from .params import count_params
+from .serving_terms import kv_cache_bytes
 from .setup import InferenceSetup, TrainingSetup
+from .states import echo_settings, model_states, states_estimate
+from .terms import InferenceEstimate, TrainingEstimate
 
 __all__ = [
     "PRECISIONS",
@@ -69,77 +71,6 @@ __all__ = [
 
 #: Kept for callers of the old private name (``tests/test_quant.py``): DeepSpeed's (the ZeRO paper's) accounting.
 _optimizer_state_bytes = optimizer_state_bytes
-
-@dataclass(frozen=True)
-class TrainingEstimate:
-    """Estimated training memory per GPU, in bytes. Introduced in Chapter 1.
-
-    Attributes:
-        params_bytes: working weights (fp32 under PyTorch AMP and FSDP2's sharded params, 16-bit under
-            DeepSpeed/Megatron mixed precision; :mod:`memlib.core.frameworks`).
-        grads_bytes: gradients; under PyTorch DDP with ``gradient_as_bucket_view=False`` (its default) the
-            Reducer's flat buckets too, one more gradient copy (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
-        optimizer_bytes: optimizer states, fp32 master weights included (the ZeRO paper's KΨ; no master under
-            PyTorch AMP and FSDP2, whose fp32 params are stepped directly).
-        activations_bytes: bytes saved for backward at the end of the forward pass (None with ``params=``).
-        temp_bytes: the transient buffers on top of the states at the peak moment (loss and backward
-            temporaries, or the optimizer step's temporaries), 0 with ``params=``.
-        total_bytes: the estimated peak: max(forward/backward peak, optimizer-step peak).
-        peak_phase: ``"backward"`` or ``"optimizer"``: where the peak is expected; ``"states"`` with ``params=``.
-        settings: the inputs, echoed (with ``params`` and ``trainable_params``).
-        cpu_bytes: host memory for offloaded states (Chapter 7); 0 without offload.
-    """
-
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int | None
-    temp_bytes: int
-    total_bytes: int
-    peak_phase: str
-    settings: dict[str, Any]
-    cpu_bytes: int = 0
-
-    @property
-    def model_states_bytes(self) -> int:
-        """Parameters + gradients + optimizer states."""
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
-
-    @property
-    def peak_bytes(self) -> int:
-        """The estimated peak, named as the trace names it (:mod:`memlib.core.categories`): ``total_bytes``."""
-        return self.total_bytes
-
-    @property
-    def by_category(self) -> dict[str, int]:
-        """Bytes live at the peak per :class:`~memlib.core.categories.MemCategory` value, as the trace reports."""
-        return estimate_by_category(self)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (all byte values are ints)."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class InferenceEstimate:
-    """Estimated inference memory: weights + KV cache, in bytes. Introduced in Chapter 1.
-
-    Attributes:
-        weights_bytes: weights in the chosen format, quantization constants included.
-        kv_cache_bytes: 2 (K and V) × layers × kv_heads × head_dim × tokens × bytes; for MLA (DeepSeek)
-            layers × (kv_lora_rank + qk_rope_head_dim) × tokens × bytes.
-        total_bytes: weights + KV cache (activations of a forward pass and the CUDA context not included).
-        settings: the inputs, echoed.
-    """
-
-    weights_bytes: int
-    kv_cache_bytes: int
-    total_bytes: int
-    settings: dict[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (all byte values are ints)."""
-        return asdict(self)
 
 def state_bytes_per_param(precision: str, optimizer: str, framework: str = "deepspeed") -> tuple[float, float, float]:
     """Bytes per parameter of (weights, gradients, optimizer states) before sharding.
@@ -194,7 +125,8 @@ def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivation
         MemlibError: LoRA/QLoRA for a family whose LoRA terms memlib has not derived.
     """
     b, s, e = setup.batch_size, setup.seq_len, setup.act_bytes
-    per_layer, outside = _sum_terms(terms := setup_activation_terms(cfg, setup))  # autocast's own under AMP
+    terms = framework_for(setup).activation_terms(cfg, setup)  # as the framework's kernels save them
+    per_layer, outside = _sum_terms(terms)
     L, h, f, T, method = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, b * s, setup.method
     if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
         raise MemlibError(f"method {method!r} is estimated for gpt2, llama, mistral, qwen2, gemma and qwen3, not "
@@ -385,32 +317,20 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
-    p_bytes, g_bytes, o_bytes, n_train = model_state_bytes(cfg, n, small, setup)
-    p_bytes, g_bytes, o_bytes = shard_states(p_bytes, g_bytes, o_bytes, setup)
-    gathered_p, gathered_g = gathered_bytes(cfg, layer_params, p_bytes, n, n_train, setup)
-    p_bytes, g_bytes, o_bytes, cpu_bytes = offload_split(p_bytes, g_bytes, o_bytes, n_train, setup)
-    p_bytes += gathered_p
-    g_bytes += gathered_g
-    ddp_backward, ddp_step = ddp_bucket_bytes(setup, g_bytes)  # PyTorch DDP's Reducer buckets
-    settings = _echo(setup, cfg, n, n_train)
-    if cfg is None:
-        return TrainingEstimate(p_bytes, g_bytes + ddp_step, o_bytes, None, 0, p_bytes + g_bytes + ddp_step + o_bytes,
-                                "states", settings, cpu_bytes)
+    if cfg is None:  # params=N: the model states only
+        return states_estimate(n, setup)
+    fw = framework_for(setup)  # the framework's object: its states, buffers, backward moments and step temporaries
+    st = model_states(cfg, n, small, layer_params, setup)
+    p_bytes, g_bytes, o_bytes, n_train = st.params_bytes, st.grads_bytes, st.optimizer_bytes, st.trainable_params
+    settings = echo_settings(setup, cfg, n, n_train)
     acts = saved_activations(cfg, setup)
-    if setup.framework == "megatron":  # main_grad is one buffer, allocated with the model: all of it, all along
-        backward_extra = g_bytes + backward_peak_bytes(cfg, setup, acts, 0, n, n_train, layer_params)
-    else:
-        # With gradient_as_bucket_view the gradients are the buckets, live from the start: none accumulate besides.
-        accumulating = 0 if ddp_backward and not ddp_step else g_bytes
-        backward_extra = backward_peak_bytes(cfg, setup, acts, accumulating, n, n_train, layer_params) + ddp_backward
-    if fsdp2_traced_layout(setup):  # FSDP2's own backward moments; its working set is gone by the step
-        p_bytes, g_bytes = p_bytes - gathered_p, g_bytes - gathered_g
-        layer_acts = (acts.bytes - _sum_terms(acts.terms)[1]) // cfg.num_layers
-        backward_extra = fsdp2_backward_bytes(cfg, setup, acts.bytes, layer_acts, acts.live_layer, n, layer_params)
-    bucket_backward, bucket_step = bucket_bytes(setup)
-    backward_extra += bucket_backward
-    step_temp = optimizer_step_bytes(cfg, setup, g_bytes, n, n_train) + bucket_step
-    g_bytes += ddp_step
+    backward_extra = fw.backward_extra(cfg, setup, Saved(acts.bytes, acts.live_layer, acts.terms), g_bytes, n,
+                                       layer_params, lambda grads: backward_peak_bytes(cfg, setup, acts, grads, n,
+                                                                                       n_train, layer_params))
+    if not fw.working_set_at_step(setup):  # resharded after the backward pass: gone by the step
+        p_bytes, g_bytes = p_bytes - st.gathered_params_bytes, g_bytes - st.gathered_grads_bytes
+    step_temp = fw.step_temp_bytes(cfg, setup, n, n_train)
+    g_bytes += st.buffer_step
     backward_peak = p_bytes + o_bytes + backward_extra
     optimizer_peak = p_bytes + o_bytes + g_bytes + step_temp
     if optimizer_peak > backward_peak:
@@ -418,7 +338,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     else:
         total, phase, temp = backward_peak, "backward", backward_extra - acts.bytes
     return TrainingEstimate(p_bytes, g_bytes, o_bytes, acts.bytes, max(temp, 0), total, phase, settings,
-                            cpu_bytes)
+                            st.cpu_bytes)
 
 
 def _training_setup(setup: TrainingSetup | None, given: dict[str, Any]) -> TrainingSetup:
@@ -452,31 +372,9 @@ def _model_size(model: str | Path | dict[str, Any] | ModelConfig | None, params:
     return cfg, pc.params, pc.small_tensor_params, pc.per_layer
 
 
-def _echo(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train: int) -> dict[str, Any]:
-    """The settings echoed in :attr:`TrainingEstimate.settings`."""
-    settings: dict[str, Any] = {
-        "batch_size": setup.batch_size, "seq_len": setup.seq_len, "precision": setup.precision,
-        "optimizer": setup.optimizer, "zero_stage": setup.zero_stage, "num_gpus": setup.num_gpus,
-        "recompute": setup.recompute, "attention": setup.attention, "checkpoint_every": setup.checkpoint_every,
-        "offload": setup.offload, "method": setup.method, "framework": setup.framework}
-    if setup.optimizer_impl != "foreach":  # the default is not echoed, so default JSON stays as it was
-        settings["optimizer_impl"] = setup.optimizer_impl
-    if setup.gradient_as_bucket_view:  # likewise
-        settings["gradient_as_bucket_view"] = True
-    if setup.method != "full":
-        settings.update(lora_rank=setup.lora_rank, lora_targets=setup.lora_targets)
-    if cfg is not None:
-        settings["model"] = cfg.name
-    settings["params"] = n
-    settings["trainable_params"] = n_train
-    return settings
-
-
 def _estimate_model_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, params: int | None,
                              setup: TrainingSetup) -> TrainingEstimate:
     """The worst rank under tensor/pipeline/context/expert parallelism (:func:`memlib.core.parallel.estimate_parallel`)."""
-    from .parallel import check_layout, estimate_parallel
-
     cfg = None if model is None else load_config(model)
     layout = check_layout(cfg, setup.num_gpus, tp=setup.tp, pp=setup.pp, cp=setup.cp, ep=setup.ep,
                           sequence_parallel=setup.sequence_parallel, micro_batches=setup.micro_batches,
@@ -523,8 +421,6 @@ def estimate_inference(model: str | Path | dict[str, Any] | ModelConfig, setup: 
         w_bytes = int(per_param * pc.params)
     else:  # quantized Linear matrices; biases, embeddings, LM head and norms stay 16-bit (the one policy)
         w_bytes = quantized_weight_bytes(cfg, weights)
-    from .inference import kv_cache_bytes  # inference builds on this module
-
     kv = kv_cache_bytes(cfg, s, b, kv_dtype)  # sliding windows capped; MLA's latent
     settings = {"model": cfg.name, "batch_size": b, "seq_len": s, "weights": weights, "kv_dtype": kv_dtype,
                 "params": pc.params}

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .configs import ModelConfig
+from .attention_terms import eager_softmax_terms
+from .configs import DENSE_FAMILIES, ModelConfig
 from .errors import MemlibError
+from .terms import ParamCount
 
-__all__ = ["param_tensors", "dense_activation_terms", "check_estimable"]
+__all__ = ["param_tensors", "dense_activation_terms", "check_estimable", "count_params_dense"]
 
 #: One term: (name, bytes, formula, per_layer) — :class:`memlib.core.estimate.ActivationTerm`'s fields.
 Add = Callable[..., None]
@@ -115,13 +117,10 @@ def _attention_terms(cfg: ModelConfig, add: Add, *, b: int, s: int, e: int, atte
         if t == "falcon":
             part("softmax probabilities (activation dtype)", e * b * a * s * s, f"{e}·bas²")
         else:
-            part("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-            if e != 4:
-                part("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-            if dropout and cfg.attn_dropout > 0:
-                part("attention dropout mask (bool)", b * a * s * s, "bas²")
-                if e == 4:  # no 16-bit cast for the dropout output to stand in for
-                    part("attention dropout output", 4 * b * a * s * s, "4·bas²")
+            drop = dropout and cfg.attn_dropout > 0
+            eager_softmax_terms(part, b=b, a=a, s=s, e=e, dropout=drop)
+            if drop and e == 4:  # no 16-bit cast for the dropout output to stand in for
+                part("attention dropout output", 4 * b * a * s * s, "4·bas²")
         part("attention output (contiguous, output projection input)", e * T * q, f"{e}·bs·a·d")
         return
     window = cfg.sliding_window
@@ -232,3 +231,78 @@ def dense_activation_terms(cfg: ModelConfig, add: Add, *, batch_size: int, seq_l
         add("soft-capped logits: tanh output", e * T * V, f"{e}·bsV", per_layer=False)
     add("log-softmax of the fp32 logits", 4 * T * V, "4·bsV", per_layer=False)
     add("input ids and labels", 16 * T, "16·bs", per_layer=False)
+
+
+def _layer_tensors(cfg: ModelConfig) -> list[int]:
+    """Element counts of the parameter tensors of one transformer block."""
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    if cfg.model_type == "gpt2":  # fused c_attn (h, 3h) Conv1D, c_proj, c_fc, c_proj; two LayerNorms
+        return [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h]
+    tensors = [h * q, h * kv, h * kv, q * h]
+    if cfg.qkv_bias:
+        tensors += [q, kv, kv]
+    if cfg.out_bias:
+        tensors += [h]
+    tensors += [h * f, h * f, f * h]
+    if cfg.mlp_bias:
+        tensors += [f, f, h]
+    tensors += [h, h]  # input and post-attention RMSNorm weights
+    if cfg.model_type == "qwen3":
+        tensors += [cfg.head_dim, cfg.head_dim]  # q_norm, k_norm: RMSNorm over each head
+    if cfg.model_type == "olmo2":
+        tensors += [q, kv]  # q_norm, k_norm: RMSNorm over all heads together (the h, h above are post-norms)
+    return tensors
+
+
+def count_params_dense(cfg: ModelConfig) -> ParamCount:
+    """Exact parameter count of a dense model (the families above and memlib's own gpt2, llama, mistral, qwen2,
+    gemma, qwen3, olmo2), without torch (:func:`memlib.core.params.count_params` calls it)."""
+    if cfg.model_type in DENSE_FAMILIES:
+        return _from_tensors(*param_tensors(cfg), cfg.num_layers)
+    h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
+    layer = _layer_tensors(cfg)
+    embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)
+    if cfg.model_type == "gpt2":
+        attn_layer = 3 * h * h + 3 * h + h * h + h
+        mlp_layer = 2 * h * cfg.intermediate_size + cfg.intermediate_size + h
+        norm_layer = 4 * h
+        final_norm = 2 * h
+    else:
+        q, kv, f = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+        attn_layer = 2 * h * q + 2 * h * kv + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.out_bias else 0)
+        mlp_layer = 3 * h * f + (2 * f + h if cfg.mlp_bias else 0)
+        norm_layer = 2 * h + (2 * cfg.head_dim if cfg.model_type == "qwen3" else 0) + (
+            q + kv if cfg.model_type == "olmo2" else 0)
+        final_norm = h
+    lm_head = 0 if cfg.tie_word_embeddings else V * h
+    per_layer = sum(layer)
+    total = embed + L * per_layer + final_norm + lm_head
+    assert per_layer == attn_layer + mlp_layer + norm_layer
+    other_tensors = [V * h] + ([cfg.max_position_embeddings * h] if cfg.learned_positions else [])
+    other_tensors += [h, h] if cfg.norm == "layernorm" else [h]
+    other_tensors += [] if cfg.tie_word_embeddings else [V * h]
+    small = L * sum(n for n in layer if n < 4096) + sum(n for n in other_tensors if n < 4096)
+    return ParamCount(
+        params=total,
+        embeddings=embed,
+        attention=L * attn_layer,
+        mlp=L * mlp_layer,
+        norms=L * norm_layer + final_norm,
+        lm_head=lm_head,
+        per_layer=per_layer,
+        small_tensor_params=small,
+        num_tensors=L * len(layer) + len(other_tensors),
+    )
+
+
+def _from_tensors(layer: list[tuple[str, int]], outside: list[tuple[str, int]], num_layers: int) -> ParamCount:
+    """A ParamCount from (component, numel) lists of one layer's tensors and the tensors outside the layers."""
+    parts = {"embeddings": 0, "attention": 0, "mlp": 0, "norms": 0, "lm_head": 0}
+    for part, n in layer:
+        parts[part] += num_layers * n
+    for part, n in outside:
+        parts[part] += n
+    per_layer = sum(n for _, n in layer)
+    small = num_layers * sum(n for _, n in layer if n < 4096) + sum(n for _, n in outside if n < 4096)
+    return ParamCount(params=num_layers * per_layer + sum(n for _, n in outside), per_layer=per_layer,
+                      small_tensor_params=small, num_tensors=num_layers * len(layer) + len(outside), **parts)

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .attention_terms import gqa_attention_terms
+from .attention_terms import eager_softmax_terms, gqa_attention_terms
 from .configs import ModelConfig, load_config
 from .errors import MemlibError
+from .families_dense import count_params_dense
+from .terms import ActivationTerm, ParamCount
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .estimate import ActivationTerm
-    from .params import ParamCount
 
 __all__ = ["MoEParams", "moe_params", "count_params_moe", "activation_terms_moe", "kv_elements_per_token",
            "largest_tensor"]
@@ -118,8 +117,6 @@ def count_params_moe(cfg: ModelConfig) -> ParamCount:
     (E, 2f, h) and (E, h, f), and the shared expert MLP; DeepSeek-V3's ``e_score_correction_bias`` is a buffer.
     ``per_layer`` is the largest layer (a MoE layer).
     """
-    from .params import ParamCount
-
     h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
     attn = _attention_tensors(cfg)
     norms = _norm_tensors(cfg)
@@ -156,10 +153,9 @@ def moe_params(model: str | Path | dict[str, Any] | ModelConfig) -> MoEParams:
     Returns:
         The counts.
     """
-    from .params import count_params
-
     cfg = load_config(model)
-    total = count_params(cfg).params
+    counted = count_params_moe(cfg) if cfg.moe is not None or cfg.mla is not None else count_params_dense(cfg)
+    total = counted.params
     moe = cfg.moe
     if moe is None:
         return MoEParams(total=total, active=total, routed_experts=0, moe_layers=0, num_experts=0, top_k=0)
@@ -222,8 +218,6 @@ def activation_terms_moe(cfg: ModelConfig, *, b: int, s: int, e: int, attention:
         The terms; ``per_layer`` ones are per MoE layer (the largest); one model-level term corrects the dense
         layers (DeepSeek's first layers, Qwen's ``mlp_only_layers``).
     """
-    from .estimate import ActivationTerm
-
     T = b * s
     h, a, V, d = cfg.hidden_size, cfg.num_heads, cfg.vocab_size, cfg.head_dim
     q, kv = cfg.q_dim, cfg.kv_dim
@@ -268,11 +262,7 @@ def activation_terms_moe(cfg: ModelConfig, *, b: int, s: int, e: int, attention:
             add("attention output (q/k head width)", e * T * a * dqk, f"{e}·bs·a·(d_nope + d_rope)")
             add("log-sum-exp (fp32)", 4 * b * a * s, "4·bas")
         else:
-            add("softmax probabilities (fp32)", 4 * b * a * s * s, "4·bas²")
-            if e != 4:
-                add("softmax probabilities cast to 16 bits", e * b * a * s * s, f"{e}·bas²")
-            if dropout and cfg.attn_dropout > 0:
-                add("attention dropout mask (bool)", b * a * s * s, "bas²")
+            eager_softmax_terms(add, b=b, a=a, s=s, e=e, dropout=dropout and cfg.attn_dropout > 0)
             add("v (contiguous copy for the matmul)", e * T * a * dv, f"{e}·bs·a·d_v")
         add("attention output (contiguous, o_proj input)", e * T * a * dv, f"{e}·bs·a·d_v")
         rope_dim = mla.qk_rope_head_dim
@@ -286,8 +276,6 @@ def activation_terms_moe(cfg: ModelConfig, *, b: int, s: int, e: int, attention:
 
 def _moe_block_terms(cfg: ModelConfig, T: int, e: int) -> list[ActivationTerm]:
     """The MLP part of a layer: the MoE block per layer, and a model-level correction for the dense layers."""
-    from .estimate import ActivationTerm
-
     moe = cfg.moe
     h, f = cfg.hidden_size, cfg.intermediate_size
     dense_bytes = 4 * e * T * f

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from .dtypes import GiB
 from .errors import MemlibError
 
-__all__ = ["GpuSpec", "GPUS", "GPU_MEMORY", "LINK_BANDWIDTH", "PCIE_GT_PER_S", "pcie_bandwidth", "gpu_names",
-           "get_gpu", "match_gpu"]
+__all__ = ["GpuSpec", "GPUS", "GPU_MEMORY", "GPU_MEMORY_MENU_GIB", "SERVE_GPUS", "LINK_BANDWIDTH", "PCIE_GT_PER_S", "pcie_bandwidth",
+           "gpu_names", "get_gpu", "match_gpu"]
 
 #: Transfer rate of one PCIe lane, in GT/s, by generation (PCI-SIG base specifications 3.0, 4.0, 5.0).
 PCIE_GT_PER_S: dict[int, int] = {3: 8, 4: 16, 5: 32}
@@ -211,6 +211,11 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
 
 #: Memory of every GPU of :data:`GPUS`, in bytes (binary), keyed by short name (``"rtx-4090"``: 24 GiB).
 GPU_MEMORY: dict[str, int] = {name: g.memory_bytes for name, g in GPUS.items()}
+
+#: The GPU memory sizes offered by the calculators and widgets, GiB (a 16 GiB T4 to a 141 GiB H200).
+GPU_MEMORY_MENU_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
+#: The GPUs offered for serving (the live serving calculator's menu and the serving drills): one list, here.
+SERVE_GPUS = ("l4", "a10", "rtx-4090", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
 
 _ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "4090": "rtx-4090", "3090": "rtx-3090", "rtx4090": "rtx-4090",
             "rtx3090": "rtx-3090"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .choices import LORA_TARGETS, METHODS  # defined with the other choices; re-exported
 from .configs import ModelConfig, load_config
 from .dtypes import WEIGHT_FORMATS
 from .errors import check_choice, check_positive
@@ -11,15 +12,6 @@ from .params import count_params
 
 __all__ = ["LORA_TARGETS", "METHODS", "layer_linears", "targeted_linears", "lora_params", "lora_small_tensor_params",
            "linear_bias_params", "quantized_weight_bytes", "qlora_base_bytes"]
-
-#: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
-#: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
-#: projections; ``qv`` the original LoRA paper's W_q and W_v.
-LORA_TARGETS = ("all-linear", "attention", "qv")
-
-#: Fine-tuning methods the estimator knows: all weights trained, LoRA on 16-bit frozen weights, QLoRA on
-#: NF4 (double-quantized) frozen weights.
-METHODS = ("full", "lora", "qlora")
 
 
 def layer_linears(cfg: ModelConfig) -> list[tuple[str, int, int]]:

@@ -34,6 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .choices import OFFLOAD
 from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_training
 from .hardware import GPUS
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 #: Offload modes, as in :data:`memlib.core.estimate.OFFLOAD`.
-MODES = ("none", "optimizer", "params+optimizer")
+MODES = OFFLOAD
 #: Who implements it: DeepSpeed (ZeRO-Offload / ZeRO-3 offload / ZeRO-Infinity), PyTorch FSDP2, or the
 #: ZeRO-Offload paper's design (16-bit gradients down: the 4Ψ minimum DeepSpeed does not reach).
 IMPLEMENTATIONS = ("deepspeed", "fsdp2", "zero-offload-paper")

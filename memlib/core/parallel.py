@@ -29,9 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .configs import ModelConfig, load_config
-from .choices import RECOMPUTE, SCHEDULES, check_framework
+from . import families_moe
+from .activations import activation_terms
+from .choices import ATTENTION, RECOMPUTE, SCHEDULES, check_framework
+from .configs import ModelConfig, check_seq_len, load_config
 from .errors import MemlibError, check_choice, check_positive
+from .params import count_params
+from .setup import TrainingSetup
+from .states import states_estimate
+from .terms import TrainingEstimate
 
 __all__ = [
     "SCHEDULES",
@@ -310,8 +316,6 @@ def stage_params(cfg: ModelConfig, tp: int, pp: int) -> list[int]:
     of row-parallel linears whole); norms are replicated. The embedding (first stage) and the LM head (last
     stage) are vocab-parallel (split over tp); a tied matrix is held by both end stages when pp > 1.
     """
-    from .params import count_params
-
     pc = count_params(cfg)
     L = cfg.num_layers
     h = cfg.hidden_size
@@ -420,16 +424,13 @@ def moe_stage_params(cfg: ModelConfig, tp: int, pp: int) -> list[tuple[int, int]
     :func:`stage_params`, norms replicated, the embedding and LM head vocab-parallel; the routed experts of the
     stage's MoE layers are returned apart, split over tp, for expert parallelism to divide by ep.
     """
-    from .families_moe import _attention_tensors, _mlp_tensors, _norm_tensors
-    from .params import count_params
-
     moe = cfg.moe
     if moe is None:
         raise MemlibError(f"{cfg.name} has no experts; expected a MoE model (mixtral, qwen2_moe, qwen3_moe, "
                           "deepseek_v2, deepseek_v3)")
     h = cfg.hidden_size
     routed_layer = moe.num_experts * 3 * h * moe.expert_intermediate_size
-    attn, norms = sum(_attention_tensors(cfg)), sum(_norm_tensors(cfg))
+    attn, norms = sum(families_moe._attention_tensors(cfg)), sum(families_moe._norm_tensors(cfg))
     pc = count_params(cfg)
     embed = -(-pc.embeddings // tp)
     head = -(-(pc.lm_head or cfg.vocab_size * h) // tp)
@@ -439,7 +440,7 @@ def moe_stage_params(cfg: ModelConfig, tp: int, pp: int) -> list[tuple[int, int]
         dense = routed = 0
         for j in range(first, first + n_layers):
             is_moe = j in moe.moe_layers
-            linears = attn + sum(_mlp_tensors(cfg, is_moe)) - (routed_layer if is_moe else 0)
+            linears = attn + sum(families_moe._mlp_tensors(cfg, is_moe)) - (routed_layer if is_moe else 0)
             dense += -(-linears // tp) + norms
             routed += -(-routed_layer // tp) if is_moe else 0
         first += n_layers
@@ -515,10 +516,6 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         or optimizer-step temporaries (the step runs one stage's shard; its temporaries are below the
         activations' peak for the models of Chapter 15).
     """
-    from .configs import check_seq_len
-    from .choices import ATTENTION
-    from .estimate import TrainingEstimate, activation_terms, estimate_training
-
     check_choice("recompute", recompute, RECOMPUTE)
     check_choice("attention", attention, ATTENTION)
     batch_size = check_positive("batch_size", batch_size)
@@ -535,12 +532,17 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     if layout.cp > 1 and attention != "sdpa":
         raise MemlibError(f"cp {layout.cp} needs attention 'sdpa' (ring attention is a flash kernel); got "
                           f"{attention!r}")
+
+    def rank_states(n: int, dp: int) -> TrainingEstimate:  # model states of n parameters, ZeRO over dp ranks
+        setup = TrainingSetup(precision=precision, optimizer=optimizer, zero_stage=zero_stage, num_gpus=dp,
+                              framework=framework)
+        return states_estimate(check_positive("params", n), setup)
+
     p = layout.pp
     if model is None:
         n = check_positive("params", params)
         per_rank = -(-n // (layout.tp * p))
-        st = estimate_training(params=per_rank, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
-                               num_gpus=layout.dp, framework=framework)
+        st = rank_states(per_rank, layout.dp)
         return TrainingEstimate(st.params_bytes, st.grads_bytes, st.optimizer_bytes, None, 0, st.total_bytes,
                                 "states", {**st.settings, **_layout_settings(layout), "params": n,
                                            "trainable_params": n, "num_gpus": layout.num_gpus,
@@ -584,17 +586,14 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
 
     def states(i: int) -> Any:
         if not ep_settings:
-            return estimate_training(params=params_per_stage[i], precision=precision, optimizer=optimizer,
-                                     zero_stage=zero_stage, num_gpus=layout.dp, framework=framework)
+            return rank_states(params_per_stage[i], layout.dp)
         # ZeRO shards the non-expert states over dp and each expert's over the dp/ep ranks that hold a copy of
         # it (DeepSpeed-MoE's expert-data-parallel group; Megatron's expert data parallelism)
         dense, routed = split[i]
-        a = estimate_training(params=dense, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
-                              num_gpus=layout.dp, framework=framework)
+        a = rank_states(dense, layout.dp)
         if routed == 0:
             return a
-        x = estimate_training(params=routed // layout.ep, precision=precision, optimizer=optimizer,
-                              zero_stage=zero_stage, num_gpus=layout.dp // layout.ep, framework=framework)
+        x = rank_states(routed // layout.ep, layout.dp // layout.ep)
         return TrainingEstimate(a.params_bytes + x.params_bytes, a.grads_bytes + x.grads_bytes,
                                 a.optimizer_bytes + x.optimizer_bytes, None, 0, a.total_bytes + x.total_bytes,
                                 "states", a.settings)
@@ -626,8 +625,6 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
 
 def _count_all(cfg: ModelConfig) -> int:
     """All parameters of the model (for the echoed settings)."""
-    from .params import count_params
-
     return count_params(cfg).params
 
 

@@ -1,70 +1,16 @@
 """Exact parameter counts of the transformers classes, with a breakdown by component (Chapter 1)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import families_dense
-
 from . import families_moe
-from .configs import DENSE_FAMILIES, ModelConfig, load_config
+from .configs import ModelConfig, load_config
 from .errors import MemlibError
+from .families_dense import count_params_dense
+from .terms import ParamCount
 
 __all__ = ["ParamCount", "count_params"]
-
-
-@dataclass(frozen=True)
-class ParamCount:
-    """Parameter count of a model, by component. Introduced in Chapter 1.
-
-    Attributes:
-        params: total number of parameters (a tied LM head is counted once).
-        embeddings: token (and learned position) embeddings.
-        attention: all q/k/v/o projections with their biases, all layers.
-        mlp: all MLP matrices with their biases, all layers.
-        norms: all LayerNorm/RMSNorm weights (and biases), final norm included.
-        lm_head: the output projection (0 when tied to the embeddings).
-        per_layer: parameters of one transformer block.
-        small_tensor_params: parameters in tensors of fewer than 4096 elements (norms, biases): what
-            8-bit optimizers keep in 32-bit.
-        num_tensors: number of parameter tensors.
-    """
-
-    params: int
-    embeddings: int
-    attention: int
-    mlp: int
-    norms: int
-    lm_head: int
-    per_layer: int
-    small_tensor_params: int
-    num_tensors: int
-
-    def as_dict(self) -> dict[str, int]:
-        """The fields as a plain dict (for JSON)."""
-        return asdict(self)
-
-
-def _layer_tensors(cfg: ModelConfig) -> list[int]:
-    """Element counts of the parameter tensors of one transformer block."""
-    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
-    if cfg.model_type == "gpt2":  # fused c_attn (h, 3h) Conv1D, c_proj, c_fc, c_proj; two LayerNorms
-        return [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h]
-    tensors = [h * q, h * kv, h * kv, q * h]
-    if cfg.qkv_bias:
-        tensors += [q, kv, kv]
-    if cfg.out_bias:
-        tensors += [h]
-    tensors += [h * f, h * f, f * h]
-    if cfg.mlp_bias:
-        tensors += [f, f, h]
-    tensors += [h, h]  # input and post-attention RMSNorm weights
-    if cfg.model_type == "qwen3":
-        tensors += [cfg.head_dim, cfg.head_dim]  # q_norm, k_norm: RMSNorm over each head
-    if cfg.model_type == "olmo2":
-        tensors += [q, kv]  # q_norm, k_norm: RMSNorm over all heads together (the h, h above are post-norms)
-    return tensors
 
 
 def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount:
@@ -89,54 +35,6 @@ def count_params(model: str | Path | dict[str, Any] | ModelConfig) -> ParamCount
     if not cfg.native:
         raise MemlibError(f"model_type {cfg.model_type!r} is counted from its transformers class: use "
                           f"memlib.measure.hf_config.count_params_any (needs torch and transformers)")
-    if cfg.model_type in DENSE_FAMILIES:
-        return _from_tensors(*families_dense.param_tensors(cfg), cfg.num_layers)
     if cfg.moe is not None or cfg.mla is not None:  # Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3: memlib.core.families_moe
         return families_moe.count_params_moe(cfg)
-    h, L, V = cfg.hidden_size, cfg.num_layers, cfg.vocab_size
-    layer = _layer_tensors(cfg)
-    embed = V * h + (cfg.max_position_embeddings * h if cfg.learned_positions else 0)
-    if cfg.model_type == "gpt2":
-        attn_layer = 3 * h * h + 3 * h + h * h + h
-        mlp_layer = 2 * h * cfg.intermediate_size + cfg.intermediate_size + h
-        norm_layer = 4 * h
-        final_norm = 2 * h
-    else:
-        q, kv, f = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
-        attn_layer = 2 * h * q + 2 * h * kv + (q + 2 * kv if cfg.qkv_bias else 0) + (h if cfg.out_bias else 0)
-        mlp_layer = 3 * h * f + (2 * f + h if cfg.mlp_bias else 0)
-        norm_layer = 2 * h + (2 * cfg.head_dim if cfg.model_type == "qwen3" else 0) + (
-            q + kv if cfg.model_type == "olmo2" else 0)
-        final_norm = h
-    lm_head = 0 if cfg.tie_word_embeddings else V * h
-    per_layer = sum(layer)
-    total = embed + L * per_layer + final_norm + lm_head
-    assert per_layer == attn_layer + mlp_layer + norm_layer
-    other_tensors = [V * h] + ([cfg.max_position_embeddings * h] if cfg.learned_positions else [])
-    other_tensors += [h, h] if cfg.norm == "layernorm" else [h]
-    other_tensors += [] if cfg.tie_word_embeddings else [V * h]
-    small = L * sum(n for n in layer if n < 4096) + sum(n for n in other_tensors if n < 4096)
-    return ParamCount(
-        params=total,
-        embeddings=embed,
-        attention=L * attn_layer,
-        mlp=L * mlp_layer,
-        norms=L * norm_layer + final_norm,
-        lm_head=lm_head,
-        per_layer=per_layer,
-        small_tensor_params=small,
-        num_tensors=L * len(layer) + len(other_tensors),
-    )
-
-
-def _from_tensors(layer: list[tuple[str, int]], outside: list[tuple[str, int]], num_layers: int) -> ParamCount:
-    """A ParamCount from (component, numel) lists of one layer's tensors and the tensors outside the layers."""
-    parts = {"embeddings": 0, "attention": 0, "mlp": 0, "norms": 0, "lm_head": 0}
-    for part, n in layer:
-        parts[part] += num_layers * n
-    for part, n in outside:
-        parts[part] += n
-    per_layer = sum(n for _, n in layer)
-    small = num_layers * sum(n for _, n in layer if n < 4096) + sum(n for _, n in outside if n < 4096)
-    return ParamCount(params=num_layers * per_layer + sum(n for _, n in outside), per_layer=per_layer,
-                      small_tensor_params=small, num_tensors=num_layers * len(layer) + len(outside), **parts)
+    return count_params_dense(cfg)

@@ -12,6 +12,7 @@ from .dtypes import GB, GiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
 from .configs import check_seq_len
 from .estimate import estimate_training
+from .frameworks import framework_for
 from .inference import (DEFAULT_CUDA_CONTEXT, DEFAULT_FRAGMENTATION, reserve_bytes, serving_fit,
                         valid_tensor_parallel)
 from .lora import lora_params, qlora_base_bytes
@@ -141,8 +142,7 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
         return ("none: DistributedDataParallel(gradient_as_bucket_view=True), the gradients become views of DDP's "
                 "buckets (one fp32 gradient copy less); they can no longer be detach_()-ed")
     if technique == "ZeRO-1":
-        how = ("Megatron's distributed optimizer" if setup.framework == "megatron"
-               else "torch's ZeroRedundancyOptimizer")
+        how = framework_for(setup).sharded_optimizer
         return f"{how}: optimizer states sharded over {n_gpus} GPUs, communication unchanged (2Ψ per step)"
     if technique == "ZeRO-2":
         return f"communication unchanged (2Ψ per step, reduce-scatter + all-gather) over {n_gpus} GPUs"
@@ -166,8 +166,8 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
         if setup.method == "full":  # the framework's own traffic (DeepSpeed sends fp32 gradients: 6Ψ at k = 1)
             from .offload import offload_traffic
 
-            traffic = float(offload_traffic(n, setup.offload, implementation="fsdp2" if setup.framework == "fsdp2"
-                                            else "deepspeed", num_gpus=shard).link_bytes)
+            traffic = float(offload_traffic(n, setup.offload, implementation=framework_for(setup).offload_traffic,
+                                            num_gpus=shard).link_bytes)
         else:
             traffic = 2 * 4 * lora_params(cfg, setup.lora_rank)
             if setup.offload == "params+optimizer":  # the weights come up for forward and again for backward
@@ -363,9 +363,10 @@ def _offload(mode: str) -> Change:
 
 
 def _switch(multi: bool) -> Change:
-    """Switch a framework without ZeRO-3 or offload (pytorch, megatron) to DeepSpeed (ZeRO-3 on several GPUs)."""
+    """Switch a framework without ZeRO-3 or offload (PyTorch, Megatron) to DeepSpeed (ZeRO-3 on several GPUs)."""
     def apply(setup: TrainingSetup) -> TrainingSetup | None:
-        if setup.framework not in ("pytorch", "megatron"):
+        stages, offloads, _ = FRAMEWORK_SUPPORT[setup.framework]
+        if 3 in stages or offloads != ("none",):
             return None
         return replace(setup, framework="deepspeed", zero_stage=3 if multi else setup.zero_stage, gradient_as_bucket_view=False)
     return apply
@@ -433,10 +434,6 @@ def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: 
             continue  # already switched off by a later rung (LoRA / QLoRA)
         if st.technique == "ZeRO-1" and final.zero_stage != 1:
             continue  # subsumed by the switch to DeepSpeed's ZeRO-3
-        if st.technique == "ZeRO-3" and final.framework == "fsdp2":
-            off = {"zero_stage": 2}
-        if st.technique == "ZeRO-2" and final.framework != "deepspeed":
-            continue
         if st.technique == "switch to DeepSpeed":
             off = {"framework": framework, "zero_stage": min(final.zero_stage, 1 if _steps_have(steps, "ZeRO-1")
                                                              else 0)}

@@ -31,8 +31,8 @@ from .errors import MemlibError, check_choice, check_positive
 from .estimate import estimate_inference
 from .families_moe import kv_elements_per_token
 from .hardware import get_gpu
-from .inference import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
-                        kv_heads_for)
+from .serving_terms import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
+                            kv_heads_for)
 
 __all__ = [
     "SERVE_KV_DTYPES",

@@ -1,6 +1,8 @@
 """Interview drills: the question bank, randomized numeric drills graded by memlib, and a drill mode (Drills).
 
-Pure Python on top of the estimators (no torch, no ipywidgets). The package:
+Pure Python on top of the estimators (no torch, no ipywidgets): imports :mod:`memlib.core` and :mod:`memlib.viz`,
+never :mod:`memlib.measure`. Dependency direction inside (``tests/test_import_cycles.py``): ``bank`` → ``engine`` →
+``numeric``, ``widgets`` → ``answers`` → ``concepts``. The package:
 
 * :mod:`~memlib.drills.bank` — the chapters and the question bank, :data:`QUESTIONS`: every interview question
   of the two source notes, the Tips notes (显存优化技巧) and the Strategies notes (常用的显存优化策略) (quoted in
@@ -18,6 +20,7 @@ Pure Python on top of the estimators (no torch, no ipywidgets). The package:
 """
 from __future__ import annotations
 
+from . import engine as _engine
 from . import numeric as _numeric  # noqa: F401  (registers the drill kinds, in the order of DRILL_KINDS)
 from .answers import Number, answer_numbers
 from .bank import CHAPTER_PAGES, CHAPTERS, DIFFICULTIES, QUESTIONS, SEED_QUESTIONS_ZH, SOURCES, Question
@@ -57,22 +60,7 @@ __all__ = [
     "find_question",
     "question_markdown",
     "chapter_markdown",
-    "Drill",
-    "DrillKind",
-    "DRILL_KINDS",
-    "drill_kind",
-    "generate",
-    "BYTE_UNITS",
-    "MULTIPLIERS",
-    "UNIT_WORDS",
-    "parse_answer",
+    *_engine.__all__,  # the numeric drills' engine, re-exported whole
     "KORTHIKANTI_RULE",
     "korthikanti_bytes",
-    "grade",
-    "drill_markdown",
-    "DrillResult",
-    "DrillScore",
-    "make_drills",
-    "score",
-    "drill_mode",
 ]

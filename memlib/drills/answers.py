@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from ..core.choices import RECOMPUTE
 from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MB, MiB, WEIGHT_FORMATS
 from ..core.estimate import estimate_inference, state_bytes_per_param
@@ -114,7 +115,7 @@ def answer_numbers() -> dict[str, Number]:
         "⌊(80 GiB − weights) / KV per sequence⌋")
     put("gpu80_gb", _gb(80 * GiB), "80 × 2**30 bytes: an \"80 GB\" GPU holds 80 GiB")
     # activations and recomputation, Llama-2-7B (LLaMA-7B's architecture, 4096 positions), batch 1 × 4096
-    for rec in ("none", "selective", "full"):
+    for rec in RECOMPUTE:
         for att in ("sdpa", "eager"):
             a = estimate_training("llama-2-7b", batch_size=1, seq_len=4096, recompute=rec, attention=att)
             put(f"act1_{rec}_{att}", _gb(a.activations_bytes or 0),

@@ -11,14 +11,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..core.choices import ATTENTION, RECOMPUTE
+from ..core.choices import ATTENTION, LORA_TARGETS, RECOMPUTE
 from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MiB, dtype_bytes, weight_bytes_per_param
 from ..core.errors import check_choice
 from ..core.estimate import KV_DTYPES, estimate_inference, korthikanti_activation_bytes, state_bytes_per_param
 from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
-from ..core.hardware import get_gpu
+from ..core.hardware import SERVE_GPUS, get_gpu
 from ..core.lora import lora_params
 from ..core.parallel import bubble_fraction, in_flight, korthikanti_layer_bytes
 from ..core.params import count_params
@@ -26,6 +26,9 @@ from ..core.serve import decode_bytes_per_step, serve, serve_kv_bytes_per_token
 from .engine import Drill, _gb, drill_kind
 
 __all__ = ["KORTHIKANTI_RULE", "korthikanti_bytes"]
+
+#: The pipeline schedules the drills draw from (SCHEDULES reordered: the drills' seeds fix this order).
+_DRILL_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 
 
 _TRAIN_MODELS = ("gpt2", "gpt2-xl", "qwen2-0.5b", "gemma-2b", "llama-2-7b", "mistral-7b", "llama-3-8b",
@@ -153,7 +156,7 @@ def _activations(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS)
     b = rng.choice((1, 2, 4))
     s = rng.choice(_seq_lens(model, (1024, 2048, 4096)))
-    recompute = rng.choice(("none", "selective", "full"))
+    recompute = rng.choice(RECOMPUTE)
     attention = rng.choice(("sdpa", "eager"))
     acts = korthikanti_bytes(model, b, s, attention, recompute)
     e = estimate_training(model, batch_size=b, seq_len=s, recompute=recompute, attention=attention)
@@ -247,13 +250,10 @@ def _max_batch(rng: random.Random, seed: int) -> Drill:
                  {"model": model, "weights": weights, "kv_dtype": kv, "seq_len": s, "gpu_memory_gib": mem})
 
 
-_SERVE_GPUS = ("l4", "a10", "rtx-4090", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
-
-
 def _serve_setup(rng: random.Random, users: bool) -> tuple[dict[str, Any], Any]:
     """Draw a serving setup whose budget leaves KV blocks (and, for ``users``, at least one full request)."""
     while True:
-        kw: dict[str, Any] = dict(gpu=rng.choice(_SERVE_GPUS), weights=rng.choice(("fp16", "fp16", "int8", "int4")),
+        kw: dict[str, Any] = dict(gpu=rng.choice(SERVE_GPUS), weights=rng.choice(("fp16", "fp16", "int8", "int4")),
                                   kv_dtype=rng.choice(("fp16", "fp8")), block_size=rng.choice((16, 16, 32)),
                                   gpu_memory_utilization=rng.choice((0.8, 0.85, 0.9, 0.9, 0.95)))
         model = rng.choice(_INFER_MODELS)
@@ -306,7 +306,7 @@ def _serve_users(rng: random.Random, seed: int) -> Drill:
 def _decode_latency(rng: random.Random, seed: int) -> Drill:
     while True:
         model = rng.choice(_INFER_MODELS)
-        gpu = get_gpu(rng.choice(_SERVE_GPUS))
+        gpu = get_gpu(rng.choice(SERVE_GPUS))
         weights = rng.choice(("fp16", "int8", "int4"))
         b = rng.choice((1, 1, 8, 32, 64))
         s = rng.choice(_seq_lens(model, (1024, 2048, 4096, 8192)))
@@ -405,7 +405,7 @@ def _effective_batch(rng: random.Random, seed: int) -> Drill:
 def _lora_params_drill(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS)
     rank = rng.choice((4, 8, 16, 32, 64))
-    targets = rng.choice(("all-linear", "attention", "qv"))
+    targets = rng.choice(LORA_TARGETS)
     words = {"all-linear": "every Linear layer of each decoder block (q, k, v, o and the MLP)",
              "attention": "the four attention projections (q, k, v, o)", "qv": "W_q and W_v only"}[targets]
     n = lora_params(model, rank, targets)
@@ -439,7 +439,7 @@ def _offload_host(rng: random.Random, seed: int) -> Drill:
 def _pp_bubble(rng: random.Random, seed: int) -> Drill:
     p = rng.choice((2, 4, 8, 16))
     m = rng.choice((4, 8, 16, 32, 64))
-    sched = rng.choice(("1f1b", "gpipe", "interleaved"))
+    sched = rng.choice(_DRILL_SCHEDULES)
     v = 2 if sched == "interleaved" else 1
     words = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "the interleaved 1F1B schedule with v = 2 chunks "
              "per GPU"}[sched]
@@ -472,7 +472,7 @@ def _tp_activations(rng: random.Random, seed: int) -> Drill:
 def _pp_first_stage(rng: random.Random, seed: int) -> Drill:
     p = rng.choice((2, 4, 8))
     m = rng.choice((4, 8, 16, 32))
-    sched = rng.choice(("1f1b", "gpipe", "interleaved"))
+    sched = rng.choice(_DRILL_SCHEDULES)
     if sched == "interleaved" and m % p:
         m = 2 * p
     words = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B with v = 2"}[sched]

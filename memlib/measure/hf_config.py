@@ -3,19 +3,22 @@
 The torch/transformers side of :mod:`memlib.core.configs` and :mod:`memlib.core.params`: memlib's own families
 are read and counted by those pure modules; any other causal LM transformers knows is read through its config
 class (:func:`load_any_config`) and counted from its class built on the meta device (:func:`count_params_any`).
-transformers and torch are imported lazily.
+:func:`build_model` builds the transformers model of any of them (:mod:`memlib.measure.trace` traces it and
+re-exports it). transformers and torch are imported lazily.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ..core.choices import ATTENTION, MODEL_DTYPES
 from ..core.configs import SUPPORTED_MODEL_TYPES, ModelConfig, config_source, load_config, unsupported_model_type
-from ..core.errors import MemlibError
-from .deps import require_torch
+from ..core.errors import MemlibError, check_choice
 from ..core.params import ParamCount, count_params
+from .deps import require_torch
 
-__all__ = ["transformers_config", "config_from_transformers", "load_any_config", "count_built", "count_params_any"]
+__all__ = ["transformers_config", "config_from_transformers", "load_any_config", "build_model", "count_built",
+           "count_params_any"]
 
 
 def transformers_config(d: dict[str, Any]) -> Any:
@@ -86,8 +89,6 @@ def count_built(cfg: ModelConfig) -> ParamCount:
     """
 
     torch = require_torch(f"counting the parameters of model_type {cfg.model_type!r}")
-    from .trace import _decoder_layers, build_model
-
     net = build_model(cfg, device="meta", dtype="bf16", attention="eager")  # every family has eager attention
     head = net.get_output_embeddings()
     head_weight = getattr(head, "weight", None)
@@ -139,3 +140,110 @@ def count_params_any(model: str | Path | dict[str, Any] | ModelConfig) -> ParamC
     """
     cfg = load_any_config(model)
     return count_params(cfg) if cfg.native else count_built(cfg)
+
+
+def build_model(model: str | Path | dict[str, Any] | ModelConfig, *, device: str = "meta",
+                dtype: str = "fp32", attention: str = "sdpa", overrides: dict[str, Any] | None = None) -> Any:
+    """Build the transformers causal-LM model of a config, without downloading anything.
+
+    Introduced in Chapter 1.
+
+    Args:
+        model: shipped name, config.json path, dict or ModelConfig.
+        device: ``"meta"`` (no memory), ``"cpu"`` or ``"cuda"``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
+        attention: ``"eager"`` or ``"sdpa"`` (transformers' ``attn_implementation``).
+        overrides: config fields to replace (e.g. ``{"num_hidden_layers": 2}``).
+
+    Returns:
+        The ``torch.nn.Module`` in train mode.
+    """
+    torch = require_torch("memlib.measure.trace")
+    check_choice("attention", attention, ATTENTION)
+    check_choice("dtype", dtype, MODEL_DTYPES)
+    cfg = load_any_config(model)
+    raw = _with_layers(dict(cfg.raw), overrides)
+    load_any_config(raw)  # validate the overridden config
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover
+        raise ImportError("building models needs transformers: pip install transformers") from None
+    transformers.logging.set_verbosity_error()
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    native = raw["model_type"] in _CLASSES
+    if native:
+        config_cls, model_cls = _model_classes(raw["model_type"])
+        hf_cfg = config_cls(**raw)
+    else:  # any causal LM transformers knows, through its auto classes
+        hf_cfg = transformers_config(raw)
+        model_cls = None
+    hf_cfg._attn_implementation = attention
+    hf_cfg.use_cache = False
+    try:
+        built = _build(native, model_cls if native else None, hf_cfg, attention, device)
+    except ValueError as e:  # transformers refuses an attention implementation the family lacks
+        msg = " ".join(str(e).split())
+        raise MemlibError(f"transformers cannot build model_type {raw['model_type']!r} with attention "
+                          f"{attention!r}: {msg[:160]}") from None
+    net = built.to(torch_dtype)
+    net.train()
+    return net
+
+
+def _build(native: bool, model_cls: Any, hf_cfg: Any, attention: str, device: str) -> Any:
+    """Instantiate the causal-LM class (its own class for memlib's families, the auto class otherwise)."""
+    torch = require_torch("memlib.measure.trace")
+    with torch.device(device):
+        if native:
+            net = model_cls._from_config(hf_cfg, attn_implementation=attention)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            net = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attention)
+    return net
+
+
+# model_type -> (config class, causal-LM class), imported from their own modules: the auto classes would
+# import transformers' whole auto machinery first (a third of a second of `memlib trace`).
+_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+            "gemma": ("GemmaConfig", "GemmaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+            "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+            "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+            "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM"),
+            "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM")}
+
+
+def _with_layers(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` updated with ``overrides``; a new layer count also cuts per-layer lists (``layer_types``) to it."""
+    raw.update(overrides or {})
+    n = (overrides or {}).get("num_hidden_layers")
+    if isinstance(n, int):
+        for key in ("layer_types",):
+            value = raw.get(key)
+            if isinstance(value, list) and len(value) > n and key not in (overrides or {}):
+                raw[key] = value[:n]
+    return raw
+
+
+def _model_classes(model_type: str) -> tuple[Any, Any]:
+    import importlib
+
+    config_name, model_name = _CLASSES[model_type]
+    configs = importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}")
+    models = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    return getattr(configs, config_name), getattr(models, model_name)
+
+
+def _decoder_layers(net: Any) -> Any:
+    """The ModuleList of decoder layers of a transformers causal LM (llama-like, GPT-2, or the longest list)."""
+    torch = require_torch("memlib.measure.trace")
+    inner: Any = getattr(net, "model", None) or getattr(net, "transformer", None)
+    layers = getattr(inner, "layers", None) if inner is not None else None
+    if layers is None and inner is not None:
+        layers = getattr(inner, "h", None)
+    if layers is None:  # other families (gpt_neox.layers, ...): the longest ModuleList of the model
+        lists = [m for m in net.modules() if isinstance(m, torch.nn.ModuleList)]
+        layers = max(lists, key=len)
+    return layers

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..core.choices import LORA_TARGETS
 from ..core.configs import ModelConfig, load_config
 from ..core.errors import check_choice, check_positive
 from .trace import build_model
@@ -19,7 +20,7 @@ __all__ = ["peft_lora_model", "peft_trainable_params", "optimizer_state_bytes", 
 
 def _peft_targets(cfg: ModelConfig, targets: str) -> str | list[str]:
     """peft ``target_modules`` for memlib's target names (see :data:`memlib.core.lora.LORA_TARGETS`)."""
-    check_choice("lora targets", targets, ("all-linear", "attention", "qv"))
+    check_choice("lora targets", targets, LORA_TARGETS)
     if targets == "all-linear":
         return "all-linear"
     if cfg.model_type == "gpt2":

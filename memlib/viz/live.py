@@ -30,6 +30,7 @@ from ..core.errors import MemlibError, check_choice
 from ..core.choices import FRAMEWORKS, KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 from ..core.estimate import TrainingEstimate, estimate_training
 from ..core.formats import FORMAT_NAMES, encode
+from ..core.hardware import GPU_MEMORY_MENU_GIB, SERVE_GPUS  # the menus, defined once
 from ..core.offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
 from ..core.params import count_params
 from ..core.plan import JOBS, Plan, plan
@@ -46,9 +47,11 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/attention_terms", "core/autocast", "core/categories",
     "core/checkpointing", "core/choices", "core/configs", "core/dtypes", "core/errors", "core/estimate",
-    "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks", "core/hardware",
-    "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan", "core/search",
-    "core/serve", "core/setup", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
+    "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks/__init__",
+    "core/frameworks/base", "core/frameworks/deepspeed", "core/frameworks/fsdp2", "core/frameworks/megatron",
+    "core/frameworks/pytorch", "core/hardware", "core/inference", "core/lora", "core/offload", "core/parallel",
+    "core/params", "core/plan", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
+    "core/terms", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
 )
 #: Data files the live calculators read, as glob patterns under memlib/ (shipped in the same zip): the model
@@ -57,7 +60,7 @@ LIVE_DATA: tuple[str, ...] = ("core/configs/*.json", "drills/bank.json")
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 NUM_GPUS = (1, 2, 4, 8, 16, 32, 64)
-GPU_MEMORY_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
+GPU_MEMORY_GIB = GPU_MEMORY_MENU_GIB
 _CATEGORY_NAMES = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
                    "activations": "activations", "temp": "temporaries"}
 
@@ -387,7 +390,6 @@ def _serving_fit(params: Mapping[str, Any], live: bool) -> str:
 
 
 # ------------------------------------------------------------------------------ vLLM-style serving (Ch. 14)
-SERVE_GPUS = ("l4", "a10", "rtx-4090", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h200")
 SERVE_LENS = (2048, 4096, 8192, 16384, 32768, 131072)
 SERVE_UTILS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SERVE_TP = (1, 2, 4, 8)
@@ -456,7 +458,7 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
 
 # ------------------------------------------------------------------------------------- planner (Ch. 13)
 PLAN_GPUS = (1, 2, 4, 8, 16, 32, 64)
-PLAN_GPU_GIB = (16.0, 24.0, 40.0, 48.0, 80.0, 141.0)
+PLAN_GPU_GIB = GPU_MEMORY_MENU_GIB
 PLAN_BATCH = (1, 2, 4, 8, 16)
 PLAN_SEQ = (512, 1024, 2048, 4096, 8192)
 

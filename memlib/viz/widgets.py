@@ -9,6 +9,7 @@ from ..core.dtypes import GiB
 from ..core.errors import MemlibError
 from ..core.choices import FRAMEWORKS, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 from ..core.estimate import TrainingEstimate, estimate_training
+from ..core.hardware import GPU_MEMORY_MENU_GIB
 from .live import training_verdict
 from .plots import training_breakdown_figure
 
@@ -55,7 +56,7 @@ def training_widget() -> Any:
         framework=w.Dropdown(options=list(FRAMEWORKS), value="pytorch"),
         zero_stage=w.Dropdown(options=list(ZERO_STAGES), value=0),
         num_gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=1),
-        gpu_memory_gib=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
+        gpu_memory_gib=w.Dropdown(options=list(GPU_MEMORY_MENU_GIB), value=80.0),
     )
 
 

@@ -6,6 +6,7 @@ from typing import Any
 from ..core.choices import FRAMEWORKS
 from ..core.configs import shipped_models
 from ..core.dtypes import GiB
+from ..core.hardware import GPU_MEMORY_MENU_GIB
 from .live import plan_verdict
 from ..core.plan import JOBS, Plan, plan
 from .plots_plan import ladder_figure
@@ -47,7 +48,7 @@ def plan_widget() -> Any:
         job=w.Dropdown(options=list(JOBS), value="train"),
         framework=w.Dropdown(options=list(FRAMEWORKS), value="pytorch"),
         num_gpus=w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=8),
-        gpu_memory_gib=w.Dropdown(options=[16.0, 24.0, 40.0, 48.0, 80.0, 141.0], value=80.0),
+        gpu_memory_gib=w.Dropdown(options=list(GPU_MEMORY_MENU_GIB), value=80.0),
         batch_size=w.Dropdown(options=[1, 2, 4, 8, 16], value=4),
         seq_len=w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=2048),
     )
