@@ -9,7 +9,7 @@ from memlib.core.errors import MemlibError
 from memlib.core.hardware import GPU_MEMORY, GPUS, LINK_BANDWIDTH, PCIE_GT_PER_S, get_gpu, gpu_names, match_gpu, pcie_bandwidth
 
 EXPECTED = {"v100", "t4", "a10", "a100-40gb", "a100-80gb", "rtx-3090", "rtx-4090", "l4", "l40s", "h100-sxm",
-            "h100-pcie", "h200"}
+            "h100-pcie", "h200", "b200"}
 
 
 def test_table_has_the_issue_gpus_with_sources() -> None:
@@ -47,8 +47,8 @@ def test_no_bf16_on_volta_and_turing() -> None:
 
 
 def test_unknown_names_list_the_choices() -> None:
-    with pytest.raises(MemlibError, match="unknown GPU 'b200'; expected one of: v100, t4"):
-        get_gpu("b200")
+    with pytest.raises(MemlibError, match="unknown GPU 'b300'; expected one of: v100, t4"):
+        get_gpu("b300")
     with pytest.raises(MemlibError, match="unknown dtype 'int8'"):
         get_gpu("a100").peak_flops("int8")
 
@@ -56,7 +56,7 @@ def test_unknown_names_list_the_choices() -> None:
 @pytest.mark.parametrize("device_name, expected", [
     ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
     ("NVIDIA A100-PCIE-40GB", "a100-40gb"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
-    ("NVIDIA H200", "h200"), ("Tesla V100-SXM2-32GB", "v100"), ("Tesla T4", "t4"), ("NVIDIA L4", "l4"),
+    ("NVIDIA H200", "h200"), ("NVIDIA B200", "b200"), ("Tesla V100-SXM2-32GB", "v100"), ("Tesla T4", "t4"), ("NVIDIA L4", "l4"),
     ("NVIDIA A10", "a10"), ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA GeForce RTX 3090", "rtx-3090"),
 ])
 def test_match_device_names(device_name: str, expected: str) -> None:
