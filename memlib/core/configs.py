@@ -683,4 +683,4 @@ def _unknown_model(text: str, names: list[str]) -> str:
         return (f"unknown model {text!r}: not shipped with memlib and {where}; download it, or pass a path to its "
                 f"config.json{near}")
     return (f"unknown model {text!r}; expected one of: {', '.join(names)}, a Hugging Face id (ORG/NAME) or a path "
-            f"to a config.json ({where}){near}")
+            f"to a config.json; {where}{near}")

@@ -144,12 +144,19 @@ def cached_config(model_id: str, cache_dir: Path | None = None) -> Path | None:
 
 
 def close_matches(text: str, names: list[str]) -> list[str]:
-    """Shipped names and Hub ids close to ``text`` (difflib, case-insensitive), best first, at most five."""
+    """Shipped names and Hub ids close to ``text`` (difflib ratio ≥ 0.6, case-insensitive), best first, at most five.
+
+    Each candidate is scored by its best match of the whole text or of its name part against the whole candidate
+    or its name part, so ``someone/llama-2-7b-finetuned`` finds ``llama-2-7b`` and ``meta-llama/Llama-2-7b-hf``.
+    """
     pool = {n.lower(): n for n in names}
     pool.update({i.lower(): i for ids in HF_IDS.values() for i in ids})
     key = text.strip().lower()
-    hits = difflib.get_close_matches(key, list(pool), n=5, cutoff=0.6)
     tail = key.rsplit("/", 1)[-1]
-    if tail != key:  # "someorg/llama-2-7b": the name part alone matches shipped names
-        hits += [h for h in difflib.get_close_matches(tail, list(pool), n=5, cutoff=0.6) if h not in hits]
-    return [pool[h] for h in hits[:5]]
+
+    def score(cand: str) -> float:
+        ctail = cand.rsplit("/", 1)[-1]
+        return max(difflib.SequenceMatcher(None, a, b).ratio() for a in {key, tail} for b in {cand, ctail})
+
+    scored = sorted(((score(c), c) for c in pool), key=lambda sc: (-sc[0], sc[1]))
+    return [pool[c] for s, c in scored if s >= 0.6][:5]
