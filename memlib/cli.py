@@ -407,6 +407,12 @@ def _gpu_label(gpu: str | None, capacity: int) -> str:
     return get_gpu(gpu).full_name if gpu else f"{capacity / GiB:.2f} GiB GPU"
 
 
+def _share(part: int, whole: int) -> str:
+    """``part`` as a whole percentage of ``whole``; ``<1 %`` for a nonzero part that rounds to 0."""
+    pct = 100 * part / whole
+    return "<1 %" if 0 < pct < 0.5 else f"{pct:.0f} %"
+
+
 def _bar(parts: dict[str, int], capacity: int | None, width: int = 40) -> tuple[str, dict[str, str]]:
     """A text bar of ``parts`` (one symbol per category) against ``capacity``, and the symbol of each part.
 
@@ -458,7 +464,7 @@ def _glance(data: dict[str, Any], estimate: int, parts: dict[str, int], args: ar
         capacity = None
     total = sum(parts.values()) or 1
     bar, marks = _bar({k: v for k, v in parts.items() if v}, capacity)
-    shares = "  ".join(f"{marks[k]} {k} {100 * v / total:.0f} %" for k, v in parts.items() if v)
+    shares = "  ".join(f"{marks[k]} {k} {_share(v, total)}" for k, v in parts.items() if v)
     lines.append(f"{bar} {estimate / GiB:.2f} GiB" + (f" of {capacity / GiB:.2f} usable" if capacity else ""))
     lines.append(f"  {shares}")
     return "\n".join(lines)
@@ -480,7 +486,7 @@ def _serve_glance(fit: Any, gpu: str | None) -> str:
              "non-torch + graphs": fit.non_torch_bytes + fit.cuda_graph_bytes, "kv_cache": fit.kv_cache_bytes}
     used = sum(parts.values()) or 1
     bar, marks = _bar({k: v for k, v in parts.items() if v}, fit.gpu_memory_bytes)
-    shares = "  ".join(f"{marks[k]} {k} {100 * v / used:.0f} %" for k, v in parts.items() if v)
+    shares = "  ".join(f"{marks[k]} {k} {_share(v, used)}" for k, v in parts.items() if v)
     return "\n".join([line, f"{bar} {used / GiB:.2f} of {fit.gpu_memory_bytes / GiB:.2f} GiB", f"  {shares}"])
 
 
