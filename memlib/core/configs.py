@@ -613,8 +613,9 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family:
     Introduced in Chapter 1.
 
     Args:
-        model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), a path to a Hugging Face
-            ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
+        model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), its Hugging Face id
+            (``"meta-llama/Llama-2-7b-hf"``) or any id in the local Hugging Face cache (:func:`config_source`), a
+            path to a Hugging Face ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
         any_family: also accept a ``native=False`` ModelConfig (a model_type only transformers knows, read by
             :func:`memlib.measure.hf_config.load_any_config`, which needs transformers; this pure module never
             imports it). The estimators leave it False: they refuse families whose terms memlib has not derived.
