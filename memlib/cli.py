@@ -18,6 +18,57 @@ __all__ = ["main", "build_parser"]
 _Parser = OneLineParser  # one-line errors, exit status 2 (shared with python -m memlib.measure.distributed)
 _positive_int = positive_int
 
+#: Two or three examples ending each subcommand's --help (the README's "memlib CLI" section shows the same ones).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "memlib": ("memlib train meta-llama/Llama-3.1-8B --seq 4096 --gpu h100   # does it fit, and by how much",
+               "memlib plan llama-2-7b --gpus 8 --gpu-mem 80GiB --batch 4 --seq 4096",
+               "memlib serve llama-3-8b --gpu h100 --max-model-len 8192"),
+    "params": ("memlib params llama-2-7b", "memlib params Qwen/Qwen2.5-7B-Instruct --json"),
+    "train": ("memlib train llama-2-7b --batch 4 --seq 4096 --precision bf16-mixed",
+              "memlib train meta-llama/Llama-3.1-8B --seq 4096 --gpu h100",
+              "memlib train llama-2-7b --framework deepspeed --zero 2 --gpus 8 --offload optimizer"),
+    "infer": ("memlib infer llama-2-7b --batch 8 --seq 2048 --weights fp16",
+              "memlib infer meta-llama/Llama-3.1-8B-Instruct --seq 8192 --gpu rtx-4090"),
+    "plan": ("memlib plan llama-2-7b --gpus 8 --gpu-mem 80GiB --batch 4 --seq 4096",
+             "memlib plan llama-2-70b --job qlora --gpu rtx-4090 --seq 512",
+             "memlib plan llama-3.1-405b --parallel --gpus 128 --seq 8192"),
+    "serve": ("memlib serve llama-3-8b --gpu h100 --max-model-len 8192",
+              "memlib serve Qwen/Qwen2.5-7B-Instruct --gpu l40s --max-model-len 32768 --kv-dtype fp8"),
+    "trace": ("memlib trace llama-2-7b --batch 1 --seq 2048",
+              "memlib trace llama-2-7b --seq 2048 --framework megatron"),
+    "oom": ('memlib oom "CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; ...)"',
+            "memlib oom - < train.log   # the message from a log, on standard input"),
+}
+
+
+def _add_examples(parser: argparse.ArgumentParser, name: str) -> None:
+    """End ``parser``'s --help with the examples of :data:`EXAMPLES` (kept as written, one per line)."""
+    if name in EXAMPLES:
+        parser.epilog = "examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES[name])
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def _gpu_arg(text: str) -> str:
+    """A --gpu value: a name or alias of memlib's GPU table (``h100`` → ``h100-sxm``), as its table name."""
+    from .core.hardware import get_gpu
+
+    try:
+        return get_gpu(text).name
+    except MemlibError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _fit_flags(p: argparse.ArgumentParser) -> None:
+    """--gpu and --reserve of train and infer: the one-line verdict (the planner's fit rule)."""
+    from .core.hardware import gpu_names
+
+    p.add_argument("--gpu", type=_gpu_arg, default=None,
+                   help=f"say first whether it fits this GPU, and by how much ({', '.join(gpu_names())}; h100, a100 "
+                        f"and 4090 are aliases); without it, which common cards it fits")
+    p.add_argument("--reserve", default="1GiB",
+                   help="CUDA context and workspaces kept free per GPU (default 1GiB); 5%% of the estimate is added "
+                        "for fragmentation, as memlib plan does")
+
 
 def _parallel_flags(p: argparse.ArgumentParser) -> None:
     """Model-parallel degrees (Chapter 15): --gpus is the total, dp = gpus / (tp·pp·cp)."""
@@ -35,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .core.hardware import gpu_names
     from .core.plan import JOBS
 
-    models_help = f"shipped model ({', '.join(shipped_models(all_models=True))}) or path to a config.json"
-    plan_help = f"shipped model ({', '.join(shipped_models())}) or path to a config.json"
+    models_help = (f"shipped model ({', '.join(shipped_models(all_models=True))}), its Hugging Face id "
+                   f"(meta-llama/Llama-3.1-8B), an id in the local Hugging Face cache, or a path to a config.json")
+    plan_help = (f"shipped model ({', '.join(shipped_models())}), a Hugging Face id or a path to a config.json")
     parser = _Parser(prog="memlib", description="GPU memory estimates and measurements for training and inference.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -74,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lora-rank", type=_positive_int, default=16, help="LoRA rank (default 16)")
     t.add_argument("--lora-targets", choices=LORA_TARGETS, default="all-linear")
     _parallel_flags(t)
+    _fit_flags(t)
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
     i = sub.add_parser("infer", help="estimated inference memory: weights + KV cache")
@@ -83,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens held per sequence (default 2048)")
     i.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16")
     i.add_argument("--kv-dtype", choices=tuple(KV_DTYPES), default="fp16")
+    _fit_flags(i)
     i.add_argument("--json", action="store_true", help="machine-readable output")
 
     pl = sub.add_parser("plan", help="cheapest combination of memory techniques that fits the GPUs")
@@ -91,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs (default 1)")
     pl.add_argument("--gpu-mem", default=None,
                     help="memory of one GPU, e.g. 80GiB, 24GiB (default 80GiB; GPU capacities are binary)")
-    pl.add_argument("--gpu", choices=gpu_names(), default=None,
+    pl.add_argument("--gpu", type=_gpu_arg, choices=gpu_names(), default=None,
                     help="take the GPU memory from memlib's spec table (GiB) instead of --gpu-mem")
     pl.add_argument("--batch", type=_positive_int, default=1,
                     help="sequences per GPU per optimizer step (training) or concurrent sequences (default 1)")
@@ -162,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also replay the step with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Chapter 16)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     _oom_parser(sub)
+    _add_examples(parser, "memlib")
+    for name, sp in sub.choices.items():
+        _add_examples(sp, name)
     return parser
 
 
@@ -225,7 +282,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if args.model is None:
             text += ("\nnote: --params counts model states only (weights, gradients, optimizer states), no "
                      "activations; give a model (shipped name or config.json) to add them")
-        return data, text
+        from .core.categories import estimate_by_category
+
+        glance = _glance(data, est.total_bytes, estimate_by_category(est), args, per_gpu=args.gpus > 1)
+        return data, glance + "\n" + text
     if args.command == "infer":
         from .core.estimate import estimate_inference
         from .core.setup import InferenceSetup
@@ -235,7 +295,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         data = inf.as_dict()
         rows = [(k, v) for k, v in data.items() if k != "settings"]
         head = ", ".join(f"{k}={v}" for k, v in inf.settings.items())
-        return data, _table(rows, f"inference memory ({head})")
+        glance = _glance(data, inf.total_bytes, {"weights": inf.weights_bytes, "kv_cache": inf.kv_cache_bytes}, args)
+        return data, glance + "\n" + _table(rows, f"inference memory ({head})")
     if args.command == "plan":
         from .core.plan import plan
 
@@ -280,7 +341,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                     max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                     tensor_parallel=args.tp, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
                     prefix_cache_hit_rate=args.prefix_cache_hit_rate)
-        return fit.as_dict(), _serve_text(fit)
+        return fit.as_dict(), _serve_glance(fit, args.gpu) + "\n" + _serve_text(fit)
     from .measure.trace import trace_training
 
     res = trace_training(args.model, batch_size=args.batch, seq_len=args.seq, precision=args.precision,
@@ -389,6 +450,95 @@ def _parallel_plan_text(result: Any) -> str:
     return "\n".join(lines)
 
 
+def _gpu_label(gpu: str | None, capacity: int) -> str:
+    from .core.hardware import get_gpu
+
+    return get_gpu(gpu).full_name if gpu else f"{capacity / GiB:.2f} GiB GPU"
+
+
+def _share(part: int, whole: int) -> str:
+    """``part`` as a whole percentage of ``whole``; ``<1 %`` for a nonzero part that rounds to 0."""
+    pct = 100 * part / whole
+    return "<1 %" if 0 < pct < 0.5 else f"{pct:.0f} %"
+
+
+def _bar(parts: dict[str, int], capacity: int | None, width: int = 40) -> tuple[str, dict[str, str]]:
+    """A text bar of ``parts`` (one symbol per category) against ``capacity``, and the symbol of each part.
+
+    Block characters on a UTF-8 terminal, letters otherwise; ``|`` marks the capacity when the parts pass it.
+    """
+    utf8 = "utf" in (getattr(sys.stdout, "encoding", None) or "").lower()
+    glyphs = "█▓▒░▚▞" if utf8 else "#=+-~*"
+    marks = {k: glyphs[i % len(glyphs)] for i, k in enumerate(parts)}
+    total = sum(parts.values())
+    scale = max(total, capacity or 0) or 1
+    cells = "".join(marks[k] * round(width * v / scale) for k, v in parts.items())
+    cells = cells[:width].ljust(width, "." if capacity else " ")
+    if capacity and total > capacity:
+        cut = round(width * capacity / scale)
+        cells = cells[:cut] + "|" + cells[cut:]
+    return f"[{cells}]", marks
+
+
+def _glance(data: dict[str, Any], estimate: int, parts: dict[str, int], args: argparse.Namespace,
+            per_gpu: bool = False) -> str:
+    """The lines ``train`` and ``infer`` print first: the fit verdict (or the common cards it fits), shares, bar.
+
+    Adds ``fit`` (with --gpu) and ``fits_on`` to ``data`` (the --json output): keys added, none changed.
+    """
+    from .core.dtypes import parse_size
+    from .core.fit import COMMON_GPUS, fits_on, gpu_fit
+    from .core.hardware import get_gpu
+
+    reserve = parse_size(args.reserve)
+    on = fits_on(estimate, cuda_context_bytes=reserve)
+    data["fits_on"] = on
+    lines = []
+    if args.gpu is not None:
+        fit = gpu_fit(estimate, args.gpu, cuda_context_bytes=reserve)
+        data["fit"] = fit.as_dict()
+        where = f"{'each of ' if per_gpu else ''}{args.gpus if per_gpu else 1} x {get_gpu(args.gpu).full_name}"
+        rule = (f"{fit.usable_bytes / GiB:.2f} GiB usable after {reserve / GiB:.2f} GiB reserve; estimate "
+                f"{estimate / GiB:.2f} GiB + 5 % fragmentation = {fit.needed_bytes / GiB:.2f} GiB")
+        lines.append(f"fits on {where} with {fit.spare_bytes / GiB:.2f} GiB to spare ({rule})" if fit.fits else
+                     f"does not fit on {where}: needs {-fit.spare_bytes / GiB:.2f} GiB more ({rule})")
+        capacity: int | None = fit.usable_bytes
+    else:
+        yes = [get_gpu(g).full_name for g in COMMON_GPUS if on.get(g)]
+        no = [get_gpu(g).full_name for g in COMMON_GPUS if not on.get(g)]
+        lines.append((f"fits on: {', '.join(yes)}" if yes else "fits on none of the common cards")
+                     + (f" (not: {', '.join(no)})" if yes and no else f" ({', '.join(no)})" if no else "")
+                     + f" [{'per GPU; ' if per_gpu else ''}estimate {estimate / GiB:.2f} GiB + {reserve / GiB:g} "
+                     f"GiB + 5 %; --gpu NAME for the margin]")
+        capacity = None
+    total = sum(parts.values()) or 1
+    bar, marks = _bar({k: v for k, v in parts.items() if v}, capacity)
+    shares = "  ".join(f"{marks[k]} {k} {_share(v, total)}" for k, v in parts.items() if v)
+    lines.append(f"{bar} {estimate / GiB:.2f} GiB" + (f" of {capacity / GiB:.2f} usable" if capacity else ""))
+    lines.append(f"  {shares}")
+    return "\n".join(lines)
+
+
+def _serve_glance(fit: Any, gpu: str | None) -> str:
+    """``serve``'s first lines: the verdict on one GPU (vLLM's budget), the budget's shares and a bar."""
+    st = fit.settings
+    where = f"{st['tensor_parallel']} x {_gpu_label(gpu, fit.gpu_memory_bytes)}"
+    if fit.fits:
+        line = (f"fits on {where}: {fit.max_concurrent_seqs:,} requests of {st['max_model_len']:,} tokens at once, "
+                f"{fit.kv_cache_bytes / GiB:.2f} GiB of KV blocks in a budget of {fit.budget_bytes / GiB:.2f} GiB "
+                f"({st['gpu_memory_utilization']:g} of the GPU)")
+    else:
+        short = max(0, -fit.kv_budget_bytes)
+        line = (f"does not fit on {where}" + (f": needs {short / GiB:.2f} GiB more" if short else "")
+                + f" ({'; '.join(fit.reasons)})")
+    parts = {"weights": fit.weights_bytes + fit.draft_weights_bytes, "activations": fit.activation_bytes,
+             "non-torch + graphs": fit.non_torch_bytes + fit.cuda_graph_bytes, "kv_cache": fit.kv_cache_bytes}
+    used = sum(parts.values()) or 1
+    bar, marks = _bar({k: v for k, v in parts.items() if v}, fit.gpu_memory_bytes)
+    shares = "  ".join(f"{marks[k]} {k} {_share(v, used)}" for k, v in parts.items() if v)
+    return "\n".join([line, f"{bar} {used / GiB:.2f} of {fit.gpu_memory_bytes / GiB:.2f} GiB", f"  {shares}"])
+
+
 def _serve_text(fit: Any) -> str:
     st = fit.settings
     head = (f"serving {st['model']} at max-model-len {st['max_model_len']:,} on "
@@ -417,6 +567,9 @@ def _serve_text(fit: Any) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``memlib`` and ``python -m memlib``. Returns the exit status (2 on bad input)."""
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else list(argv)):  # `memlib` alone: the help, not an error
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     try:
         data, text = _run(args)

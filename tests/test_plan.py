@@ -244,7 +244,7 @@ def test_cli_plan_gpu_from_the_spec_table(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "llama-9b"], "unknown model 'llama-9b'"),
     (["plan", "gpt2", "--gpu", "h100-sxm", "--gpu-mem", "80GB"], "give --gpu or --gpu-mem, not both"),
-    (["plan", "gpt2", "--gpu", "b200"], "invalid choice: 'b200'"),
+    (["plan", "gpt2", "--gpu", "b300"], "unknown GPU 'b300'; expected one of: v100"),
     (["plan", "gpt2", "--gpu-mem=-5GB", "--seq", "1024"], "-5GB"),
     (["plan", "gpt2", "--job", "pretrain"], "invalid choice: 'pretrain'"),
     (["plan", "gpt2", "--gpu-mem", "1GB", "--reserve", "4GB", "--seq", "1024"], "reserve"),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MemlibError
+from .hub import cached_config, close_matches, hf_cache_dir, looks_like_hub_id, shipped_for_id
 
 __all__ = ["ModelConfig", "MoESpec", "MLASpec", "SUPPORTED_MODEL_TYPES", "shipped_models", "load_config", "check_seq_len",
            "config_source", "unsupported_model_type"]
@@ -612,8 +613,9 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family:
     Introduced in Chapter 1.
 
     Args:
-        model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), a path to a Hugging Face
-            ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
+        model: a shipped name (``"llama-2-7b"``; see :func:`shipped_models`), its Hugging Face id
+            (``"meta-llama/Llama-2-7b-hf"``) or any id in the local Hugging Face cache (:func:`config_source`), a
+            path to a Hugging Face ``config.json``, a dict with its contents, or a ModelConfig (returned as is).
         any_family: also accept a ``native=False`` ModelConfig (a model_type only transformers knows, read by
             :func:`memlib.measure.hf_config.load_any_config`, which needs transformers; this pure module never
             imports it). The estimators leave it False: they refuse families whose terms memlib has not derived.
@@ -634,25 +636,52 @@ def load_config(model: str | Path | dict[str, Any] | ModelConfig, *, any_family:
 
 
 def config_source(model: str | Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The raw config dict and the model's name, from a shipped name, a config.json path or a dict.
+    """The raw config dict and the model's name, from a shipped name, a Hugging Face id, a config.json path or a dict.
 
-    Introduced in Chapter 1 (what :func:`load_config` reads before it normalizes).
+    Introduced in Chapter 1 (what :func:`load_config` reads before it normalizes). A path that exists is read as
+    given; an id memlib ships (``meta-llama/Llama-3.1-8B``, case-insensitive; :data:`memlib.core.hub.HF_IDS`)
+    is its shipped config (named by the shipped name); any other ``ORG/NAME`` is read from the local Hugging
+    Face cache (:func:`memlib.core.hub.cached_config`, never the network) and named by the id.
 
     Raises:
-        MemlibError: unknown name, missing file or malformed JSON.
+        MemlibError: unknown name or id (one line: not shipped, not in the local cache, which cache, the close
+            matches), missing file or malformed JSON.
     """
     if isinstance(model, dict):
         return model, str(model.get("_name_or_path") or model.get("model_type") or "config")
     text = str(model)
     path = Path(text)
-    if text.endswith(".json") or path.is_file() or "/" in text:
+    names = shipped_models(all_models=True)
+    if text.endswith(".json") or path.is_file() or ("/" in text and (path.exists() or not looks_like_hub_id(text))):
         if path.is_dir():
             path = path / "config.json"
         if not path.exists():
             raise MemlibError(f"config file {text!r} does not exist")
         return _read_json(path), path.parent.name if path.name == "config.json" else path.stem
-    names = shipped_models(all_models=True)
-    if text not in names:
-        raise MemlibError(f"unknown model {text!r}; expected one of: {', '.join(names)} (or a path to a config.json)")
+    if text in names:
+        return _shipped(text), text
+    hit = shipped_for_id(text)
+    if hit is not None:
+        return {**_shipped(hit[0]), **hit[1]}, hit[0]
+    cached = cached_config(text)
+    if cached is not None:
+        return _read_json(cached), text
+    raise MemlibError(_unknown_model(text, names))
+
+
+def _shipped(name: str) -> dict[str, Any]:
     folder = resources.files("memlib.core") / "configs"
-    return json.loads((folder / f"{text}.json").read_text()), text
+    data: dict[str, Any] = json.loads((folder / f"{name}.json").read_text())
+    return data
+
+
+def _unknown_model(text: str, names: list[str]) -> str:
+    """The one error line for a name that is neither shipped nor in the local cache."""
+    close = close_matches(text, names)
+    near = f"; close matches: {', '.join(close)}" if close else ""
+    where = f"not in the local Hugging Face cache ({hf_cache_dir()})"
+    if looks_like_hub_id(text):
+        return (f"unknown model {text!r}: not shipped with memlib and {where}; download it, or pass a path to its "
+                f"config.json{near}")
+    return (f"unknown model {text!r}; expected one of: {', '.join(names)}, a Hugging Face id (ORG/NAME) or a path "
+            f"to a config.json; {where}{near}")

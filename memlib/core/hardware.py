@@ -70,7 +70,7 @@ class GpuSpec:
     Attributes:
         name: short name used by :func:`get_gpu` (``"a100-80gb"``).
         full_name: the product as NVIDIA names it.
-        architecture: Volta, Turing, Ampere, Ada Lovelace, Hopper.
+        architecture: Volta, Turing, Ampere, Ada Lovelace, Hopper, Blackwell.
         bf16_tflops: dense bf16 tensor-core TFLOP/s (10¹² FLOP/s); None where the GPU has no bf16 (V100, T4).
         fp16_tflops: dense fp16 tensor-core TFLOP/s (fp32 accumulate).
         tf32_tflops: dense tf32 tensor-core TFLOP/s; None before Ampere.
@@ -156,6 +156,10 @@ _H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center
 _H200_DS = ("NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s; "
             "BF16/FP16 Tensor Core 1,979* TFLOPS, FP8 3,958*, TF32 989*, FP32 67; *with sparsity, dense is half; "
             "NVLink 900 GB/s, PCIe Gen5 128 GB/s")
+_B200_DS = ("NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 8 × B200, 1,440 GB total GPU memory "
+            "(180 GB each), 64 TB/s HBM3e (8 TB/s each), NVLink 1.8 TB/s per GPU; per-GPU dense peaks of the HGX "
+            "B200 at 1,000 W from NVIDIA's Blackwell datasheet: FP16/BF16 2.25 | 4.5* PFLOPS, FP8 4.5 | 9*, TF32 "
+            "1.1 | 2.2*, FP32 80 TFLOPS; *with sparsity")
 _V100_DS = ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100): SXM2 Tensor Performance 125 TFLOPS, "
             "single precision 15.7 TFLOPS, 32/16 GB HBM2, 900 GB/s; NVLink 300 GB/s, PCIe (Gen3) 32 GB/s")
 _T4_DS = ("NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4): mixed precision FP16/FP32 "
@@ -207,6 +211,9 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "HBM2e", 1513.0, 1513.0, 5, 600 * _G, _H100_DS, "NVLink through a bridge between two cards"),
     GpuSpec("h200", "H200 SXM 141 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 141 * GiB, 4800 * _G, "HBM3e",
             1979.0, 1979.0, 5, 900 * _G, _H200_DS, "same compute as H100 SXM; more and faster memory"),
+    GpuSpec("b200", "B200 SXM 180 GB", "Blackwell", 2250.0, 2250.0, 1100.0, 80.0, 180 * GiB, 8000 * _G, "HBM3e",
+            4500.0, 4500.0, 5, 1800 * _G, _B200_DS,
+            "HGX B200 (1,000 W); nvidia-smi shows about 179 GiB; the first Blackwell announcement said 192 GB"),
 ]}
 
 #: Memory of every GPU of :data:`GPUS`, in bytes (binary), keyed by short name (``"rtx-4090"``: 24 GiB).
@@ -248,6 +255,8 @@ def match_gpu(device_name: str) -> GpuSpec | None:
     ``"NVIDIA GeForce RTX 4090"`` → rtx-4090.
     """
     n = str(device_name).lower()
+    if "b200" in n:
+        return GPUS["b200"]
     if "h200" in n:
         return GPUS["h200"]
     if "h100" in n:

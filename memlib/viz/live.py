@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..core.configs import load_config, shipped_models
+from ..core.hub import hub_ids, shipped_for_id
 from ..core.dtypes import GB, WEIGHT_FORMATS, GiB
 from ..core.errors import MemlibError, check_choice
 from ..core.choices import FRAMEWORKS, KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
@@ -49,7 +50,8 @@ LIVE_MODULES: tuple[str, ...] = (
     "core/checkpointing", "core/choices", "core/configs", "core/dtypes", "core/errors", "core/estimate",
     "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks/__init__",
     "core/frameworks/base", "core/frameworks/deepspeed", "core/frameworks/fsdp2", "core/frameworks/megatron",
-    "core/frameworks/pytorch", "core/hardware", "core/inference", "core/lora", "core/offload", "core/parallel",
+    "core/frameworks/pytorch", "core/hardware",
+    "core/hub", "core/inference", "core/lora", "core/offload", "core/parallel",
     "core/params", "core/plan", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
     "core/terms", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
@@ -74,11 +76,29 @@ def _disabled(live: bool) -> str:
     return "" if live else " disabled"
 
 
-def _select(name: str, label: str, options: Sequence[object], value: object, live: bool) -> str:
-    opts = "".join(f'<option value="{_e(o)}"{" selected" if str(o) == str(value) else ""}>{_e(o)}</option>'
-                   for o in options)
+def _select(name: str, label: str, options: Sequence[object], value: object, live: bool,
+            labels: Mapping[str, str] | None = None) -> str:
+    shown = labels or {}
+    opts = "".join(f'<option value="{_e(o)}"{" selected" if str(o) == str(value) else ""}>{_e(shown.get(str(o), o))}'
+                   f'</option>' for o in options)
     return (f'<label class="memlib-live-field"><span>{_e(label)}</span>'
             f'<select name="{_e(name)}"{_disabled(live)}>{opts}</select></label>')
+
+
+def _model(params: Mapping[str, Any], default: str, models: Sequence[str]) -> str:
+    """The model control's value: a shipped name, or a Hugging Face id of one (``meta-llama/Llama-2-7b-hf``)."""
+    value = str(params.get("model", default))
+    hit = shipped_for_id(value)
+    if hit is not None and not hit[1]:  # an id whose config.json is the shipped one
+        value = hit[0]
+    check_choice("model", value, list(models))
+    return value
+
+
+def _model_select(models: Sequence[str], value: str, live: bool) -> str:
+    """The model list, each shipped name shown with its Hugging Face id."""
+    labels = {m: f"{m} · {hub_ids(m)[0]}" for m in models if hub_ids(m)}
+    return _select("model", "model", models, value, live, labels)
 
 
 def _range(name: str, label: str, lo: int, hi: int, value: int, live: bool) -> str:
@@ -165,7 +185,7 @@ def _training_svg(parts: Mapping[str, int], capacity_bytes: int) -> str:
 
 def _training(params: Mapping[str, Any], live: bool) -> str:
     models = shipped_models()
-    model = _choice(params, "model", "llama-2-7b", models)
+    model = _model(params, "llama-2-7b", models)
     batch_size = _int(params, "batch_size", 4)
     if not 1 <= batch_size <= 64:
         raise MemlibError(f"batch_size {batch_size} out of range; expected 1..64")
@@ -176,7 +196,7 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
     zero_stage = int(_choice(params, "zero_stage", 0, ZERO_STAGES))
     num_gpus = int(_choice(params, "num_gpus", 1, NUM_GPUS))
     gpu_memory_gib = float(_choice(params, "gpu_memory_gib", 80.0, GPU_MEMORY_GIB))
-    controls = (_select("model", "model", models, model, live)
+    controls = (_model_select(models, model, live)
                 + _range("batch_size", "batch", 1, 64, batch_size, live)
                 + _select("seq_len", "sequence", SEQ_LENS, seq_len, live)
                 + _select("precision", "precision", PRECISIONS, precision, live)
@@ -360,7 +380,7 @@ SERVE_SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 def _serving_fit(params: Mapping[str, Any], live: bool) -> str:
     """Chapter 11's serving fit: the largest batch and the longest context that fit."""
     models = shipped_models()
-    model = _choice(params, "model", "llama-7b", models)
+    model = _model(params, "llama-7b", models)
     memory = float(_choice(params, "gpu_memory_gib", 24.0, SERVE_GPU_GIB))
     weights = _choice(params, "weights", "fp16", list(WEIGHT_FORMATS))
     kv_dtype = _choice(params, "kv_dtype", "fp16", list(KV_DTYPES))
@@ -368,7 +388,7 @@ def _serving_fit(params: Mapping[str, Any], live: bool) -> str:
     batch_size = _int(params, "batch_size", 8)
     if not 1 <= batch_size <= 128:
         raise MemlibError(f"batch_size {batch_size} out of range; expected 1..128")
-    controls = (_select("model", "model", models, model, live)
+    controls = (_model_select(models, model, live)
                 + _select("gpu_memory_gib", "GPU memory (GiB)", SERVE_GPU_GIB, memory, live)
                 + _select("weights", "weights", list(WEIGHT_FORMATS), weights, live)
                 + _select("kv_dtype", "KV cache", list(KV_DTYPES), kv_dtype, live)
@@ -407,14 +427,14 @@ def serve_parts(fit: ServeFit) -> dict[str, int]:
 
 def _serve(params: Mapping[str, Any], live: bool) -> str:
     models = shipped_models()
-    model = _choice(params, "model", "llama-3-8b", models)
+    model = _model(params, "llama-3-8b", models)
     gpu = _choice(params, "gpu", "h100-sxm", SERVE_GPUS)
     length = int(_choice(params, "max_model_len", 8192, SERVE_LENS))
     util = float(_choice(params, "gpu_memory_utilization", 0.9, SERVE_UTILS))
     weights = _choice(params, "weights", "fp16", SERVE_WEIGHTS)
     kv = _choice(params, "kv_dtype", "fp16", SERVE_KV)
     tp = int(_choice(params, "tensor_parallel", 1, SERVE_TP))
-    controls = (_select("model", "model", models, model, live) + _select("gpu", "GPU", SERVE_GPUS, gpu, live)
+    controls = (_model_select(models, model, live) + _select("gpu", "GPU", SERVE_GPUS, gpu, live)
                 + _select("max_model_len", "max-model-len", SERVE_LENS, length, live)
                 + _select("gpu_memory_utilization", "gpu_memory_utilization", SERVE_UTILS, util, live)
                 + _select("weights", "weights", SERVE_WEIGHTS, weights, live)
@@ -483,14 +503,14 @@ def plan_verdict(result: Plan) -> str:
 
 def _plan(params: Mapping[str, Any], live: bool) -> str:
     models = shipped_models()
-    model = _choice(params, "model", "llama-2-7b", models)
+    model = _model(params, "llama-2-7b", models)
     job = _choice(params, "job", "train", JOBS)
     num_gpus = int(_choice(params, "num_gpus", 8, PLAN_GPUS))
     memory = float(_choice(params, "gpu_memory_gib", 80.0, PLAN_GPU_GIB))
     batch_size = int(_choice(params, "batch_size", 4, PLAN_BATCH))
     seq_len = int(_choice(params, "seq_len", 2048, PLAN_SEQ))
     framework = _choice(params, "framework", "pytorch", FRAMEWORKS)
-    controls = (_select("model", "model", models, model, live) + _select("job", "job", JOBS, job, live)
+    controls = (_model_select(models, model, live) + _select("job", "job", JOBS, job, live)
                 + _select("framework", "framework", FRAMEWORKS, framework, live)
                 + _select("num_gpus", "GPUs", PLAN_GPUS, num_gpus, live)
                 + _select("gpu_memory_gib", "GPU memory (GiB)", PLAN_GPU_GIB, memory, live)
