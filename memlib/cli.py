@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -576,8 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemlibError as e:
         print(f"memlib: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=False))
-    else:
-        print(text)
+    try:
+        print(json.dumps(data, indent=2, sort_keys=False) if args.json else text, flush=True)
+    except BrokenPipeError:  # `memlib train ... | head`: the reader left; say nothing more, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -267,3 +267,20 @@ def test_bad_gpu_flags_one_line(args: list, needle: str) -> None:
     res = run(*args)
     assert res.returncode == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.stderr
+
+
+
+def test_output_into_a_closed_pipe_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`memlib train ... | head -1`: the reader has left; memlib exits 0 without a traceback."""
+    import os
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: every write raises BrokenPipeError (EPIPE)
+    out = os.fdopen(write_end, "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        assert main(["train", "llama-3.1-8b", "--gpu", "h100"]) == 0
+    finally:
+        monkeypatch.undo()
+        out.close()
