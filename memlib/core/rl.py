@@ -28,7 +28,8 @@ from .serve import serve_kv_bytes_per_token
 from .setup import TrainingSetup
 
 __all__ = ["ALGOS", "ROLLOUTS", "ENGINES", "REFERENCES", "SLEEP_LEVELS", "TRL_TOKEN_CHUNK", "TRL_VOCAB_CHUNK",
-           "RLSetup", "RLPhase", "RLEstimate", "estimate_rl", "logprob_head_bytes"]
+           "RLSetup", "RLPhase", "RLEstimate", "RLPlanStep", "RLPlan", "estimate_rl", "plan_rl",
+           "logprob_head_bytes"]
 
 ALGOS = ("dpo", "ppo", "grpo")
 ROLLOUTS = ("colocated", "separate")
@@ -59,7 +60,8 @@ class RLSetup:
         engine: ``vllm`` or ``hf`` (the trainer's own ``model.generate``: no second copy of the weights; always
             colocated, no sleep mode). DPO generates nothing.
         sleep_level: vLLM's sleep mode while the colocated trainer trains: 0 (awake: weights and KV cache stay),
-            1 (weights offloaded to CPU memory, KV cache discarded), 2 (both discarded).
+            1 (weights offloaded to CPU memory, KV cache discarded), 2 (both discarded); None: 1 for a colocated
+            vLLM engine, else 0.
         rollout_tp: the rollout engine's tensor-parallel degree.
         offload_idle: move what a phase does not use to CPU memory between phases (verl's ``param_offload`` /
             ``optimizer_offload``): the optimizer states outside the training phase, frozen models outside their
@@ -80,7 +82,7 @@ class RLSetup:
     reference: str = "model"
     rollout: str = "colocated"
     engine: str = "vllm"
-    sleep_level: int = 1
+    sleep_level: int | None = None
     rollout_tp: int = 1
     offload_idle: bool = False
     critic: ModelLike | None = None
@@ -92,7 +94,13 @@ class RLSetup:
         check_choice("reference", self.reference, REFERENCES)
         check_choice("rollout", self.rollout, ROLLOUTS)
         check_choice("engine", self.engine, ENGINES)
+        engine_sleeps = self.algo != "dpo" and self.engine == "vllm" and self.rollout == "colocated"
+        if self.sleep_level is None:
+            object.__setattr__(self, "sleep_level", 1 if engine_sleeps else 0)
         check_choice("sleep level", self.sleep_level, SLEEP_LEVELS)
+        if self.algo == "dpo" and self.sleep_level != 0:
+            raise MemlibError(f"sleep level {self.sleep_level} is a rollout engine's; DPO generates nothing "
+                              "(expected sleep level: 0)")
         for name in ("prompts", "prompt_len", "completion_len", "rollout_tp"):
             object.__setattr__(self, name, check_positive(name, getattr(self, name)))
         group = self.group if self.group is not None else (8 if self.algo == "grpo" else 1)
@@ -105,6 +113,9 @@ class RLSetup:
             raise MemlibError(f"a critic is PPO's value model; algo {self.algo!r} has none (expected algo: ppo)")
         if self.algo == "dpo" and self.reward_model is not None:
             raise MemlibError("DPO has no reward model (the preference pairs replace it); expected algo: ppo, grpo")
+        if self.algo == "dpo" and self.rollout == "separate":
+            raise MemlibError("rollout 'separate' places a rollout engine; DPO generates nothing (expected rollout: "
+                              "colocated)")
         if self.engine == "hf" and self.rollout == "separate":
             raise MemlibError("rollout 'separate' needs a rollout engine (engine 'hf' generates with the trainer's "
                               "own model); expected engine: vllm")
@@ -344,3 +355,95 @@ def estimate_rl(model: ModelLike, rl: RLSetup | None = None, train: TrainingSetu
                 "precision": t.precision, "optimizer": t.optimizer, "zero_stage": t.zero_stage,
                 "num_gpus": t.num_gpus, "method": t.method, "framework": t.framework}
     return RLEstimate(tuple(phases), max(p.peak_bytes for p in phases), trained, frozen_names, cpu, settings)
+
+
+@dataclass(frozen=True)
+class RLPlanStep:
+    """One rung of :func:`plan_rl`: the technique added, the settings and the peak per GPU.
+
+    Attributes:
+        technique: what this rung adds.
+        settings: the rung's step and layout settings.
+        per_gpu_bytes: the estimate's peak (over phases and GPU kinds).
+        reserve_bytes: CUDA context + fragmentation beside it (:func:`memlib.core.inference.reserve_bytes`).
+        fits: per_gpu_bytes + reserve_bytes ≤ the GPU's memory.
+    """
+
+    technique: str
+    settings: dict[str, Any]
+    per_gpu_bytes: int
+    reserve_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class RLPlan:
+    """The ladder of :func:`plan_rl` and the first rung that fits (None when none does). Chapter 18."""
+
+    steps: tuple[RLPlanStep, ...]
+    chosen: RLPlanStep | None
+    gpu_memory_bytes: int
+    settings: dict[str, Any]
+
+    @property
+    def fits(self) -> bool:
+        """True when some rung fits."""
+        return self.chosen is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self) | {"fits": self.fits}
+
+
+def plan_rl(model: ModelLike, rl: RLSetup, *, num_gpus: int = 1, gpu_memory: int | str = "80GiB",
+            reserve: int | str = "1GiB") -> RLPlan:
+    """Climb a ladder of post-training memory techniques until the step fits. Introduced in Chapter 18.
+
+    Rungs, each keeping the ones before: bf16-mixed DeepSpeed ZeRO-0 (the plain layout); ZeRO-3 (weights,
+    gradients and states of the trained models, and the frozen models' weights, sharded over the GPUs); vLLM
+    sleep level 2 where the rollout is colocated (nothing of the engine stays while training); full activation
+    recomputation; ``offload_idle`` (optimizer states and frozen models in CPU memory outside their phases);
+    LoRA with the adapter-disabled policy as the reference (no reference copy, no full optimizer states).
+
+    Args:
+        model: the policy.
+        rl: the step (its sleep level, reference and engine are the first rung's).
+        num_gpus: training GPUs.
+        gpu_memory: one GPU's memory (bytes or a size such as ``"80GiB"``).
+        reserve: CUDA context and workspaces kept free per GPU; 5 % of the estimate is added for fragmentation.
+
+    Returns:
+        The plan.
+    """
+    from .dtypes import parse_size
+    from .inference import reserve_bytes
+
+    mem = parse_size(gpu_memory) if isinstance(gpu_memory, str) else check_positive("gpu_memory", gpu_memory)
+    res = parse_size(reserve) if isinstance(reserve, str) else int(reserve)
+    n = check_positive("num_gpus", num_gpus)
+    train = TrainingSetup(precision="bf16-mixed", framework="deepspeed", num_gpus=n)
+    colocated_vllm = rl.algo != "dpo" and rl.engine == "vllm" and rl.rollout == "colocated"
+    rungs: list[tuple[str, RLSetup, TrainingSetup]] = [("DeepSpeed ZeRO-0, bf16-mixed", rl, train)]
+    train = replace(train, zero_stage=3)
+    rungs.append(("ZeRO-3 (all models sharded)", rl, train))
+    if colocated_vllm and rl.sleep_level != 2:
+        rl = replace(rl, sleep_level=2)
+        rungs.append(("vLLM sleep level 2", rl, train))
+    train = replace(train, recompute="full")
+    rungs.append(("full recomputation", rl, train))
+    rl = replace(rl, offload_idle=True)
+    rungs.append(("offload idle states to CPU", rl, train))
+    if rl.algo != "ppo":
+        rl = replace(rl, reference="lora" if rl.reference == "model" else rl.reference)
+        rungs.append(("LoRA (reference = adapter off)", rl, replace(train, method="lora")))
+    steps = []
+    for name, r, t in rungs:
+        est = estimate_rl(model, r, t)
+        rb = reserve_bytes(est.peak_bytes, cuda_context_bytes=res)
+        steps.append(RLPlanStep(name, {"zero_stage": t.zero_stage, "recompute": t.recompute, "method": t.method,
+                                       "sleep_level": r.sleep_level, "offload_idle": r.offload_idle,
+                                       "reference": r.reference}, est.peak_bytes, rb, est.peak_bytes + rb <= mem))
+    chosen = next((s for s in steps if s.fits), None)
+    return RLPlan(tuple(steps), chosen, mem, {"model": load_config(model).name, "algo": rl.algo, "num_gpus": n,
+                                              "group": rl.group, "prompts": rl.prompts, "prompt_len": rl.prompt_len,
+                                              "completion_len": rl.completion_len, "rollout": rl.rollout})
