@@ -14,6 +14,7 @@ training), and the same training calls. torch, transformers, datasets and trl ar
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -141,13 +142,47 @@ def measure_trl(algo: str, *, group: int | None = None, prompts: int = 1, prompt
     if algo == "grpo" and group < 2:
         raise MemlibError(f"group must be ≥ 2 for GRPO's advantages (got {group})")
     torch = require_torch("memlib.measure.rl_trl")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # silences DeepSpeed's "setting accelerator" warning
+    with _quiet():
+        return _measure(algo, group, prompts, prompt_len, completion_len, reference, seed, torch)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the libraries' loggers, warnings, progress bars and the trainer's printed metrics."""
+    import logging
+    import warnings
+
+    names = ("transformers", "trl", "datasets", "DeepSpeed", "accelerate", "bitsandbytes", "kernels")
+    old = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for n, level in old.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def _measure(algo: str, group: int, prompts: int, prompt_len: int, completion_len: int, reference: str, seed: int,
+             torch: Any) -> TrlMeasurement:
     try:
         import trl
         from datasets import Dataset
         from transformers import LlamaConfig, LlamaForCausalLM
+        from datasets import disable_progress_bars
     except ImportError as e:  # pragma: no cover - the requirements pin trl
         raise ImportError(f"memlib.measure.rl_trl needs trl=={TRL_VERSION} and datasets: pip install "
                           f"trl=={TRL_VERSION} datasets ({e})") from e
+    from huggingface_hub.utils import disable_progress_bars as hub_quiet
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bars()  # datasets' map bars, transformers' and the hub's loading and saving bars
+    disable_progress_bar()
+    hub_quiet()
     cfg_d = dict(TINY_RL_LLAMA)
     v = cfg_d["vocab_size"]
     tok = _tokenizer(v)
@@ -172,8 +207,9 @@ def measure_trl(algo: str, *, group: int | None = None, prompts: int = 1, prompt
                 float(len(c)) for c in completions], args=args, train_dataset=ds, processing_class=tok)
         else:
             ds = Dataset.from_dict({"prompt": [_words(i, prompt_len, v) for i in range(2 * prompts)],
-                                    "chosen": [_words(i + 1, completion_len - 1, v) for i in range(2 * prompts)],
-                                    "rejected": [_words(i + 2, completion_len - 1, v) for i in range(2 * prompts)]})
+                                    "chosen": [" " + _words(i + 1, completion_len - 1, v) for i in range(2 * prompts)],
+                                    "rejected": [" " + _words(i + 2, completion_len - 1, v)
+                                                 for i in range(2 * prompts)]})
             args = trl.DPOConfig(per_device_train_batch_size=prompts, max_length=None,
                                  precompute_ref_log_probs=reference == "none", **common)
             trainer = trl.DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
@@ -187,6 +223,7 @@ def measure_trl(algo: str, *, group: int | None = None, prompts: int = 1, prompt
 def _run(trainer: Any, algo: str, torch: Any) -> _PhasePeaks:
     """Train two steps under a CPU tracker; record the second step's phase peaks."""
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
 
     tracker = MemoryTracker("cpu")
     pp = _PhasePeaks(tracker)
@@ -212,6 +249,7 @@ def _run(trainer: Any, algo: str, torch: Any) -> _PhasePeaks:
             self.ctx.__exit__(None, None, None)
 
     trainer.add_callback(_Steps())
+    trainer.remove_callback(PrinterCallback)  # with disable_tqdm it prints every logged metric (timings included)
     tracker.track_model(trainer.model, grad_hooks=False)
     if ref is not None:
         tracker.track_model(ref, grad_hooks=False)
