@@ -47,7 +47,7 @@ LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/attention_terms", "core/autocast", "core/categories",
     "core/checkpointing", "core/choices", "core/configs", "core/dtypes", "core/errors", "core/estimate",
     "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks", "core/hardware",
-    "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan", "core/search",
+    "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan", "core/rl", "core/search",
     "core/serve", "core/setup", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
 )
