@@ -45,7 +45,7 @@ def trl_vs_memlib(runs: tuple[tuple[str, str], ...] = (("grpo", "model"), ("grpo
     """
     from ..measure.rl_trl import TINY_RL_LLAMA, measure_trl
 
-    rows = []
+    rows: list[PhaseRow] = []
     for algo, ref in runs:
         g = group if algo == "grpo" else None
         m = measure_trl(algo, group=g, reference=ref, prompt_len=prompt_len, completion_len=completion_len)

@@ -104,11 +104,12 @@ class RLSetup:
         for name in ("prompts", "prompt_len", "completion_len", "rollout_tp"):
             object.__setattr__(self, name, check_positive(name, getattr(self, name)))
         group = self.group if self.group is not None else (8 if self.algo == "grpo" else 1)
-        object.__setattr__(self, "group", check_positive("group", group))
-        if self.algo == "grpo" and self.group < 2:
-            raise MemlibError(f"group must be ≥ 2 for GRPO (its advantage is relative to the group); got {self.group}")
-        if self.algo == "dpo" and self.group != 1:
-            raise MemlibError(f"group {self.group} needs a rollout; DPO generates nothing (expected algo: grpo, ppo)")
+        group = check_positive("group", group)
+        object.__setattr__(self, "group", group)
+        if self.algo == "grpo" and group < 2:
+            raise MemlibError(f"group must be ≥ 2 for GRPO (its advantage is relative to the group); got {group}")
+        if self.algo == "dpo" and group != 1:
+            raise MemlibError(f"group {group} needs a rollout; DPO generates nothing (expected algo: grpo, ppo)")
         if self.critic is not None and self.algo != "ppo":
             raise MemlibError(f"a critic is PPO's value model; algo {self.algo!r} has none (expected algo: ppo)")
         if self.algo == "dpo" and self.reward_model is not None:
@@ -130,7 +131,7 @@ class RLSetup:
     @property
     def completions(self) -> int:
         """Sequences per GPU per step: prompts × group (DPO: chosen + rejected, 2 × pairs)."""
-        return 2 * self.prompts if self.algo == "dpo" else self.prompts * self.group
+        return 2 * self.prompts if self.algo == "dpo" else self.prompts * (self.group or 1)
 
     @property
     def seq_len(self) -> int:

@@ -100,6 +100,11 @@ def _tokenizer(vocab_size: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
+def _length_reward(completions: list[str], **kwargs: Any) -> list[float | None]:
+    """GRPO's reward function of the CPU runs: the completion's length in characters (any number will do)."""
+    return [float(len(c)) for c in completions]
+
+
 def _words(i: int, n: int, vocab: int) -> str:
     return " ".join(f"w{(7 * i + 3 * j) % (vocab - 3)}" for j in range(n))
 
@@ -154,7 +159,10 @@ def _quiet() -> Iterator[None]:
     import logging
     import warnings
 
-    names = ("transformers", "trl", "datasets", "DeepSpeed", "accelerate", "bitsandbytes", "kernels")
+    # torchao (when installed, transformers imports it) logs the CUDA extensions it cannot load on a CPU machine;
+    # torch's pytree logs a deprecation it triggers
+    names = ("transformers", "trl", "datasets", "DeepSpeed", "accelerate", "bitsandbytes", "kernels", "torchao",
+             "torch")
     old = {n: logging.getLogger(n).level for n in names}
     for n in names:
         logging.getLogger(n).setLevel(logging.ERROR)
@@ -194,17 +202,19 @@ def _measure(algo: str, group: int, prompts: int, prompt_len: int, completion_le
         model.save_pretrained(tmp)
         model.config._name_or_path = tmp
         n = sum(p.numel() for p in model.parameters())
-        common = dict(output_dir=tmp, max_steps=2, report_to=[], logging_steps=1000, save_strategy="no",
-                      use_cpu=True, bf16=False, learning_rate=1e-4, dataloader_num_workers=0,
-                      gradient_checkpointing=False, seed=seed, disable_tqdm=True)
+        common: dict[str, Any] = dict(output_dir=tmp, max_steps=2, report_to=[], logging_steps=1000, save_strategy="no",
+                                      use_cpu=True, bf16=False, learning_rate=1e-4, dataloader_num_workers=0,
+                                      gradient_checkpointing=False, seed=seed, disable_tqdm=True)
+        args: Any
+        trainer: Any
         if algo == "grpo":
             ds = Dataset.from_dict({"prompt": [_words(i, prompt_len, v) for i in range(2 * prompts)]})
             args = trl.GRPOConfig(per_device_train_batch_size=prompts * group, num_generations=group,
                                   max_completion_length=completion_len, beta=0.04 if reference == "model" else 0.0,
                                   generation_kwargs={"min_new_tokens": completion_len},
                                   **common)
-            trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [
-                float(len(c)) for c in completions], args=args, train_dataset=ds, processing_class=tok)
+            trainer = trl.GRPOTrainer(model=model, reward_funcs=_length_reward, args=args, train_dataset=ds,
+                                      processing_class=tok)
         else:
             ds = Dataset.from_dict({"prompt": [_words(i, prompt_len, v) for i in range(2 * prompts)],
                                     "chosen": [" " + _words(i + 1, completion_len - 1, v) for i in range(2 * prompts)],
@@ -237,7 +247,7 @@ def _run(trainer: Any, algo: str, torch: Any) -> _PhasePeaks:
     pp.wrap(trainer, "compute_loss", "training")
     pp.wrap(trainer.accelerator, "backward", "training")
 
-    class _Steps(TrainerCallback):  # type: ignore[misc]
+    class _Steps(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             pp.recording = state.global_step == 1  # the second step: the optimizer states exist
 
