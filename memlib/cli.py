@@ -1,4 +1,4 @@
-"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1), oom (Chapter 16)."""
+"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1), oom (Chapter 16), rl (Chapter 18)."""
 from __future__ import annotations
 
 import argparse
@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="cheapest combination of memory techniques that fits the GPUs")
     pl.add_argument("model", help=plan_help)
-    pl.add_argument("--job", choices=JOBS, default="train")
+    pl.add_argument("--job", choices=JOBS + ("grpo", "dpo", "ppo"), default="train",
+                    help="train, lora, qlora, infer; or a post-training step, grpo, dpo, ppo (memlib rl's defaults)")
     pl.add_argument("--gpus", type=_positive_int, default=1, help="number of GPUs (default 1)")
     pl.add_argument("--gpu-mem", default=None,
                     help="memory of one GPU, e.g. 80GiB, 24GiB (default 80GiB; GPU capacities are binary)")
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--prefix-cache-hit-rate", type=float, default=0.0,
                     help="fraction of each request that is a prefix shared by all, in [0, 1) (default 0)")
     sv.add_argument("--json", action="store_true", help="machine-readable output")
+
+    _rl_parser(sub, models_help)
 
     r = sub.add_parser("trace", help="measure a real training step on the meta device (needs torch)")
     r.add_argument("model", help=models_help)
@@ -298,8 +301,13 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         head = ", ".join(f"{k}={v}" for k, v in inf.settings.items())
         glance = _glance(data, inf.total_bytes, {"weights": inf.weights_bytes, "kv_cache": inf.kv_cache_bytes}, args)
         return data, glance + "\n" + _table(rows, f"inference memory ({head})")
+    if args.command == "rl":
+        return _rl_run(args)
     if args.command == "plan":
         from .core.plan import plan
+
+        if args.job in ("grpo", "dpo", "ppo"):
+            return _rl_plan(args)
 
         if args.gpu is not None and args.gpu_mem is not None:
             raise MemlibError("give --gpu or --gpu-mem, not both")
@@ -374,6 +382,98 @@ def _plan_traced_fragmentation(args: argparse.Namespace, result: Any, gpu_mem: i
                       seq_len=args.seq, reserve=args.reserve, fragmentation=frac, lora_rank=args.lora_rank,
                       framework=args.framework)
     return dataclasses.replace(result, notes=[*result.notes, note])
+def _rl_parser(sub: Any, models_help: str) -> None:
+    """``memlib rl``: each phase's peak per GPU of one DPO, PPO or GRPO step (Chapter 18)."""
+    from .core.rl import ALGOS, ENGINES, REFERENCES, ROLLOUTS, SLEEP_LEVELS
+
+    q = sub.add_parser("rl", help="post-training memory per GPU, phase by phase: DPO, PPO, GRPO (Chapter 18)")
+    q.add_argument("model", help=models_help)
+    q.add_argument("--algo", choices=ALGOS, required=True)
+    q.add_argument("--group", type=_positive_int, default=None,
+                   help="completions per prompt (GRPO's G; default 8 for grpo, 1 for ppo)")
+    q.add_argument("--prompts", type=_positive_int, default=1, help="prompts (DPO: pairs) per GPU per step")
+    q.add_argument("--prompt-len", type=_positive_int, default=512, help="prompt tokens (default 512)")
+    q.add_argument("--completion-len", type=_positive_int, default=1024, help="completion tokens (default 1024)")
+    q.add_argument("--rollout", choices=ROLLOUTS, default="colocated",
+                   help="the rollout engine on the training GPUs (colocated) or on its own (separate)")
+    q.add_argument("--engine", choices=ENGINES, default="vllm",
+                   help="vllm (a second, 16-bit copy of the weights) or hf (the trainer's model.generate)")
+    q.add_argument("--sleep-level", type=int, choices=SLEEP_LEVELS, default=None,
+                   help="vLLM sleep mode while training (colocated): 0 awake, 1 weights to CPU, 2 all discarded "
+                        "(default 1 colocated, else 0)")
+    q.add_argument("--rollout-tp", type=_positive_int, default=1, help="the rollout engine's tensor parallelism")
+    q.add_argument("--reference", choices=REFERENCES, default="model",
+                   help="a frozen copy (model), the LoRA policy with its adapter off (lora) or none (GRPO beta=0, "
+                        "DPO precomputed log-probs)")
+    q.add_argument("--offload-idle", action="store_true",
+                   help="optimizer states and frozen models in CPU memory outside their phases")
+    q.add_argument("--critic", default=None, help="PPO's value model (default: the policy's architecture)")
+    q.add_argument("--reward-model", default=None, help="a reward model (PPO default: the policy's architecture)")
+    q.add_argument("--gpus", type=_positive_int, default=1, help="training GPUs (default 1)")
+    q.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage of the trainer")
+    q.add_argument("--framework", choices=FRAMEWORKS, default="pytorch", help="the trainer's memory layout")
+    q.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
+    q.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    q.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach")
+    q.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    q.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning, LoRA or QLoRA")
+    q.add_argument("--lora-rank", type=_positive_int, default=16)
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _rl_setups(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The :class:`memlib.core.rl.RLSetup` and trainer :class:`memlib.core.setup.TrainingSetup` of ``memlib rl``."""
+    from .core.rl import RLSetup
+    from .core.setup import TrainingSetup
+
+    rl = RLSetup(algo=args.algo, prompts=args.prompts, group=args.group, prompt_len=args.prompt_len,
+                 completion_len=args.completion_len, reference=args.reference, rollout=args.rollout,
+                 engine=args.engine, sleep_level=args.sleep_level, rollout_tp=args.rollout_tp,
+                 offload_idle=args.offload_idle, critic=args.critic, reward_model=args.reward_model)
+    train = TrainingSetup(precision=args.precision, optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
+                          zero_stage=args.zero, num_gpus=args.gpus, recompute=args.recompute, method=args.method,
+                          lora_rank=args.lora_rank, framework=args.framework)
+    return rl, train
+
+
+def _rl_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from .core.rl import estimate_rl
+
+    rl, train = _rl_setups(args)
+    est = estimate_rl(args.model, rl, train)
+    st = est.settings
+    lines = [f"{args.algo.upper()} step of {st['model']} per GPU: {st['completions']} sequences × {st['seq_len']} "
+             f"tokens, {st['num_gpus']} GPU(s), ZeRO-{st['zero_stage']}, rollout {st['rollout']} ({st['engine']}"
+             f", sleep level {st['sleep_level']})",
+             f"  trained: {', '.join(est.trained_models)}; frozen: {', '.join(est.frozen_models) or 'none'}",
+             f"  {'phase':<16} {'GPUs':<8} {'peak (GiB)':>10}  resident (GiB)"]
+    for ph in est.phases:
+        parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in ph.resident.items())
+        lines.append(f"  {ph.name:<16} {ph.gpus:<8} {ph.peak_bytes / GiB:>10.2f}  {parts}")
+    lines.append(f"  peak per GPU: {est.peak_bytes:,} B ({est.peak_bytes / GiB:.2f} GiB)"
+                 + (f"; CPU memory per GPU {est.cpu_bytes / GiB:.2f} GiB" if est.cpu_bytes else ""))
+    return est.as_dict(), "\n".join(lines)
+
+
+def _rl_plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``memlib plan --job grpo|dpo|ppo``: :func:`memlib.core.rl.plan_rl` with memlib rl's default step."""
+    from .core.rl import RLSetup, plan_rl
+
+    if args.gpu is not None:
+        from .core.hardware import get_gpu
+
+        mem: int | str = get_gpu(args.gpu).memory_bytes
+    else:
+        mem = args.gpu_mem or "80GiB"
+    res = plan_rl(args.model, RLSetup(algo=args.job, prompts=args.batch), num_gpus=args.gpus, gpu_memory=mem,
+                  reserve=args.reserve)
+    lines = [f"{args.job.upper()} plan for {res.settings['model']}: {args.gpus} GPU(s) × "
+             f"{res.gpu_memory_bytes / GiB:.2f} GiB"]
+    for i, s in enumerate(res.steps):
+        lines.append(f"  {i:>2}  {s.technique:<34} {s.per_gpu_bytes / GiB:>9.2f} GiB + reserve "
+                     f"{s.reserve_bytes / GiB:.2f}  {'fits' if s.fits else 'no'}")
+    lines.append(f"fits: {res.chosen.technique}" if res.chosen else "does not fit on any rung")
+    return res.as_dict(), "\n".join(lines)
 
 
 def _training_setup(args: argparse.Namespace, attention: str) -> Any:

@@ -232,7 +232,32 @@ def answer_numbers() -> dict[str, Number]:
         put(name, f"{get_allocation_size(round_size(nbytes)) // MiB} MiB",
             f"get_allocation_size(round_size({nbytes:,d})): the segment a new cudaMalloc takes")
     put("block100b", f"{round_size(100)} B", "round_size(100): kMinBlockSize")
+    _rl_numbers(put)
     return n
+
+
+def _rl_numbers(put: Callable[[str, str, str], None]) -> None:
+    """The post-training questions' numbers (Chapter 18, :func:`memlib.core.rl.estimate_rl`)."""
+    from dataclasses import replace
+
+    from ..core.rl import RLSetup, estimate_rl
+    from ..core.setup import TrainingSetup
+
+    z3 = TrainingSetup(precision="bf16-mixed", framework="deepspeed", zero_stage=3, num_gpus=8, recompute="full")
+    grpo = RLSetup(algo="grpo", group=8, prompt_len=512, completion_len=1024)
+    call = ("estimate_rl('qwen2.5-7b', RLSetup(algo='grpo', group=8, prompt_len=512, completion_len=1024), "
+            "DeepSpeed ZeRO-3 on 8 GPUs, recompute='full')")
+    est = estimate_rl("qwen2.5-7b", grpo, z3)
+    roll = est.phase("rollout").resident
+    put("rl_kv", _gb(roll["KV cache"], 2), f"{call}: the rollout's KV cache per GPU, 8 × 1536 tokens")
+    put("rl_engine_w", _gb(roll["rollout weights"], 1), "the bf16 vLLM copy of qwen2.5-7b's weights (tp 1)")
+    awake = estimate_rl("qwen2.5-7b", replace(grpo, sleep_level=0), z3)
+    put("rl_awake", _gib(awake.phase("training").peak_bytes, 1), f"{call} with sleep_level=0: training phase")
+    put("rl_asleep", _gib(est.phase("training").peak_bytes, 1), f"{call} (sleep level 1): training phase")
+    ppo = estimate_rl("qwen2.5-7b", RLSetup(algo="ppo", prompts=8), z3)
+    put("rl_ppo", _gib(ppo.peak_bytes, 1), "estimate_rl('qwen2.5-7b', RLSetup(algo='ppo', prompts=8), ZeRO-3 × 8)"
+        ".peak_bytes")
+    put("rl_grpo", _gib(est.peak_bytes, 1), f"{call}.peak_bytes")
 
 
 def _moe_numbers(put: Callable[[str, str, str], None]) -> None:
