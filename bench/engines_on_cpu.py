@@ -1,4 +1,6 @@
-"""Run Megatron-Core and TorchTitan on CPU and record what their forward saves (Chapter 15, tests/data/engines_on_cpu.json).
+"""Run Megatron-Core and TorchTitan on CPU and record what their forward saves (Chapter 15).
+
+The record is ``tests/data/engines_on_cpu.json``, which ``tests/test_engines_parallel.py`` checks memlib against.
 
 Megatron-Core 0.16.1 (``GPTModel`` with ``get_gpt_layer_local_spec(normalization="RMSNorm")``, bf16 through
 ``.to(torch.bfloat16)``, one gloo rank) and TorchTitan 0.3.0 (``Llama3Model``, its ``ScaledDotProductAttention``,

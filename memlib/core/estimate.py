@@ -289,8 +289,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             ``num_gpus`` is then the total and ZeRO shards over dp = num_gpus / (tp·pp·cp); the estimate is
             the worst rank's (:func:`memlib.core.parallel.estimate_parallel`). The defaults give plain data
             parallelism. ``ep`` (MoE models; GShard, Lepikhin et al. 2021; DeepSpeed-MoE) splits the routed
-            experts over ep of the dp ranks (ep divides dp and the experts), ZeRO sharding the expert states
-            over dp/ep, and adds the all-to-all buffers; balanced routing leaves the activations unchanged.
+            experts over ep ranks folded over the tp·cp·dp grid (Megatron-Core's MoE folding: gpus divisible by
+            etp·ep·pp, ep dividing the experts), ZeRO sharding the non-expert states over dp·cp and the expert
+            states over gpus/(etp·ep·pp), and adds the all-to-all buffers; balanced routing leaves the
+            activations unchanged.
         etp: expert tensor-parallel degree (Megatron-Core's MoE parallel folding: gpus divisible by etp·ep·pp);
             None: 1 with ep > 1, else tp (:func:`memlib.core.parallel.check_layout`).
 

@@ -173,8 +173,8 @@ def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int
         MemlibError: tp not dividing the heads, pp above the layers, num_gpus not divisible by tp·pp·cp,
             ep not dividing the experts, num_gpus not divisible by etp·ep·pp (Megatron-Core's MoE parallel
             folding, ``megatron/core/parallel_state.py``, ``initialize_model_parallel``: the expert grid
-            etp·ep·edp·pp spans the same GPUs as tp·cp·dp·pp, so EP folds over TP, CP and DP ranks; DeepSpeed-MoE's
-            rule is the stricter "ep divides dp"), a bad schedule or micro-batch count.
+            etp·ep·edp·pp spans the same GPUs as tp·cp·dp·pp, so EP folds over TP, CP and DP ranks;
+            DeepSpeed-MoE's rule is the stricter "ep divides dp"), a bad schedule or micro-batch count.
     """
     n = check_positive("num_gpus", num_gpus)
     t, p, c, e = (check_positive(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)))
@@ -352,13 +352,17 @@ def sp_gathered_extra_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, tp:
 
 def cp_allgather_attention_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, cp: int,
                                  act_bytes: int = 2) -> int:
-    """Bytes one attention block saves per GPU under all-gather context parallelism (Llama 3, §3.3.2).
+    """Bytes one attention block saves per GPU under all-gather context parallelism (Llama 3, §3.3.2), as plain
+    autograd saves them.
 
     Each GPU keeps s/cp tokens: its input x, q, and the attention output (which is also the o_proj input: the
     CPU flash kernel returns it in (b, t, a, d) layout), e·b·(s/cp)·(h + 2·a·d); the log-sum-exp, 4·b·a·(s/cp);
-    the all-gathered K and V of the whole sequence, 2·e·b·s·a_kv·d (what CP does not split); and the causal
-    mask of its block of rows, which SDPA turns into an additive mask, e·(s/cp)·s (flash kernels on GPU compute
-    it from the offsets instead). Measured in Chapter 15.
+    the all-gathered K and V of the whole sequence, 2·e·b·s·a_kv·d (autograd keeps the gathered copy); and the
+    causal mask of its block of rows, which SDPA turns into an additive mask, e·(s/cp)·s (flash kernels on GPU
+    compute it from the offsets instead). Measured in Chapter 15 on a naive autograd all-gather. TransformerEngine
+    does better: ``AttnFuncWithCPAndKVAllGather`` (``transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py``) saves only the local K/V and all-gathers them again in the backward, so the gathered
+    2·e·b·s·a_kv·d is a temporary there, not a saved activation.
     """
     s_loc = seq_len // cp
     b, h, q, kv = batch_size, cfg.hidden_size, cfg.q_dim, cfg.kv_dim
@@ -475,23 +479,26 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     """Per-GPU training memory of the worst rank under a parallel layout (called by
     :func:`memlib.core.estimate.estimate_training` when a model-parallel degree is set). Introduced in Chapter 15.
 
-    Model states: the worst stage's parameters per tp GPU (:func:`stage_params`) in Megatron-LM's layout
-    (:mod:`memlib.core.frameworks`: bf16 params 2 + fp32 ``main_grad`` 4 + fp32 main params and Adam 12 bytes
-    per parameter, ``megatron/core/distributed/param_and_grad_buffer.py``), the distributed optimizer
-    (``zero_stage=1``, ``megatron/core/optimizer/distrib_optimizer.py``) sharding the 12 over dp: 6 + 12/dp
+    Model states: the worst stage's parameters per tp GPU (:func:`stage_params`) in the framework's layout
+    (:mod:`memlib.core.frameworks`; Megatron: bf16 params 2 + fp32 ``main_grad`` 4 + fp32 main params and Adam 12
+    bytes per parameter, ``megatron/core/distributed/param_and_grad_buffer.py``, the distributed optimizer
+    (``zero_stage=1``, ``megatron/core/optimizer/distrib_optimizer.py``) sharding the 12 over dp·cp: 6 + 12/(dp·cp);
+    FSDP2 as TorchTitan composes it: (4 + 4 + 8)/(dp·cp) plus its unsharded working set of tp-split units)
     (:func:`memlib.core.estimate.estimate_training` with ``params=``). Activations of
     stage i: in_flight(i) × (its layers × per-layer bytes + its outside bytes), the per-layer bytes from
-    :func:`split_terms` at s/cp; plus the TP buffer, the ring-attention K/V buffers and the largest
-    temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
+    :func:`split_terms` at s/cp over the framework's own model (:meth:`memlib.core.frameworks.base.Framework.
+    parallel_activation_terms`: Megatron-Core with TransformerEngine, TorchTitan's Llama 3); DualPipe doubles the
+    stage's states (:func:`memlib.core.schedules.schedule_weight_copies`); plus the TP buffer, the ring-attention
+    K/V buffers and the largest temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
 
     Expert parallelism (``layout.ep`` > 1, MoE models; GShard, Lepikhin et al. 2021, ``lepikhin2021gshard``;
-    DeepSpeed-MoE, Rajbhandari et al. 2022): the ep ranks are data-parallel ranks (ep divides dp, as in
-    Megatron-LM and DeepSpeed-MoE). Each GPU holds num_experts/ep of the routed experts of every MoE layer
-    of its stage (:func:`moe_stage_params`); attention, dense MLPs, shared experts, the router, norms and
-    embeddings stay replicated (split by tp as without EP). ZeRO shards the non-expert states over dp and the
-    expert states over the expert-data-parallel group of dp/ep ranks, so without ZeRO the expert weights,
-    gradients and optimizer states all divide by ep, and with ZeRO-1 the optimizer states per GPU are those
-    of plain ZeRO-1 (E/ep experts over dp/ep ranks = E experts over dp). The temporaries add one MoE layer's
+    DeepSpeed-MoE, Rajbhandari et al. 2022): Megatron-Core's MoE parallel folding, the expert layers on their own
+    grid etp·ep·edp·pp over the same GPUs (EP folds over TP, CP and DP ranks; DeepSpeed-MoE's ep-divides-dp is
+    the special case tp = cp = etp = 1). Each GPU holds num_experts/ep of the routed experts of every MoE layer
+    of its stage, each split over etp (:func:`moe_stage_params`); attention, dense MLPs, shared experts, the
+    router, norms and embeddings stay replicated (split by tp as without EP). ZeRO shards the non-expert states
+    over dp·cp and the expert states over the expert-data-parallel group of edp = gpus/(etp·ep·pp) ranks.
+    The temporaries add one MoE layer's
     all-to-all dispatch buffers in flight, send + receive of top_k·b·(s/cp)·h elements
     (:func:`expert_parallel_bytes`, capacity factor 1). Activations assume balanced routing: each of the ep
     GPUs sends its b·s·k routed token copies out and, holding E/ep of the experts, receives on average
@@ -499,7 +506,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     unchanged. Real routers are imbalanced: the busiest GPU holds more (a capacity factor c bounds it at c×).
 
     Args:
-        framework: whose layout the states follow; only ``megatron`` supports tp/pp/cp/ep
+        framework: whose layout the states follow and whose model saves the activations: ``megatron``
+            (tp/pp/cp/ep), ``fsdp2`` (tp/pp/cp, TorchTitan's composition), ``deepspeed`` (ep)
             (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`).
         sp_keeps_gathered: PyTorch DTensor's ``SequenceParallel`` + ``ColwiseParallel``: each column-parallel
             linear all-gathers its input and saves the gathered copy for backward (Megatron re-gathers it

@@ -20,14 +20,7 @@ from ..setup import TrainingSetup
 from ..terms import ActivationTerm
 from .base import Framework, Saved
 
-__all__ = ["Megatron", "MEGATRON", "megatron_core_activation_terms", "theoretical_layer_bytes"]
-
-
-def theoretical_layer_bytes(seq_len: int, batch_size: int, hidden_size: int, ffn_hidden_size: int) -> int:
-    """Megatron-LM's own activation bytes per layer: sbh(18 + 4f/h) (``megatron/training/
-    theoretical_memory_usage.py``, ``compute_activation_memory``; Korthikanti et al. 2022's Table 2 with
-    selective recomputation and a general MLP width f, counted before the tp split). Chapter 15."""
-    return int(seq_len * batch_size * hidden_size * (18 + 4 * ffn_hidden_size / hidden_size))
+__all__ = ["Megatron", "MEGATRON", "megatron_core_activation_terms"]
 
 
 def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: int, act_bytes: int = 2,
@@ -41,8 +34,9 @@ def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: i
     (also ``linear_proj``'s input, one storage) and the fp32 log-sum-exp; the fused ``bias_swiglu`` saves fc1's
     output (gate and up, 2f); ``linear_fc2`` saves the SwiGLU output; the residual adds and
     ``hidden_dropout = 0`` save nothing. Per layer sbh·(12 + 4·kv/h + 6f/h)·e/2 + the fp32 extras: 33.5·sbh for
-    Llama-3.1-70B, where :func:`theoretical_layer_bytes`' 18 + 4f/h gives 32 (it counts one MLP matrix of width f
-    and dropout masks). With ``attention="eager"`` ``FusedScaleMaskSoftmax`` saves the softmax, e·b·a·s²,
+    Llama-3.1-70B, where Megatron's own ``megatron/training/theoretical_memory_usage.py``
+    (``compute_activation_memory``: sbh(18 + 4f/h), Korthikanti's Table 2 with selective recomputation)
+    gives 32 (it counts one MLP matrix of width f and dropout masks). With ``attention="eager"`` ``FusedScaleMaskSoftmax`` saves the softmax, e·b·a·s²,
     instead of the log-sum-exp.
 
     ``implementation="local-cpu"``: the local spec (``get_gpt_layer_local_spec``) as it runs on a CPU without
@@ -62,7 +56,8 @@ def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: i
         core = [ActivationTerm("rotary cos, sin for q and k, per layer", 4 * e * s * cfg.head_dim, "4·e·s·d"),
                 ActivationTerm("q after RoPE", e * T * q, "e·b·s·q"),
                 ActivationTerm("k, v repeated to every head", 2 * e * T * q, "2·e·b·s·q"),
-                ActivationTerm("softmax fp32 output and its 16-bit copy", (4 + e) * b * a * s * s, "(4 + e)·b·a·s²")]
+                ActivationTerm("softmax fp32 output and its 16-bit copy", (4 + e) * b * a * s * s,
+                               "(4 + e)·b·a·s²")]
         mlp = [ActivationTerm("MLP fc1 output (gate and up)", e * T * 2 * f, "e·b·s·2f"),
                ActivationTerm("MLP glu halves and product (fc2 input)", 3 * e * T * f, "3·e·b·s·f")]
     else:
