@@ -36,8 +36,8 @@ def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: i
     ``hidden_dropout = 0`` save nothing. Per layer sbh·(12 + 4·kv/h + 6f/h)·e/2 + the fp32 extras: 33.5·sbh for
     Llama-3.1-70B, where Megatron's own ``megatron/training/theoretical_memory_usage.py``
     (``compute_activation_memory``: sbh(18 + 4f/h), Korthikanti's Table 2 with selective recomputation)
-    gives 32 (it counts one MLP matrix of width f and dropout masks). With ``attention="eager"`` ``FusedScaleMaskSoftmax`` saves the softmax, e·b·a·s²,
-    instead of the log-sum-exp.
+    gives 32 (it counts one MLP matrix of width f and dropout masks). With ``attention="eager"``
+    ``FusedScaleMaskSoftmax`` saves the softmax, e·b·a·s², instead of the log-sum-exp.
 
     ``implementation="local-cpu"``: the local spec (``get_gpt_layer_local_spec``) as it runs on a CPU without
     apex or TransformerEngine, measured to the byte by ``bench/engines_on_cpu.py``: ``torch.nn.RMSNorm``'s
