@@ -125,3 +125,14 @@ def test_check_layout_default_etp() -> None:
     cfg = load_config("mixtral-8x7b")
     assert check_layout(cfg, 8, tp=8, ep=8).etp == 1
     assert check_layout(cfg, 16, tp=2).etp == 2
+
+
+@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2, 4, 16]),
+       dp=st.sampled_from([1, 2, 8]))
+def test_distributed_optimizer_shards_over_dp_times_cp(tp: int, pp: int, cp: int, dp: int) -> None:
+    """Megatron's 12 bytes of optimizer state per parameter divide by dp·cp, whatever tp and pp are."""
+    n = 7_000_000_000
+    e = estimate_training(params=n, num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, cp=cp, zero_stage=1,
+                          framework="megatron")
+    per_rank = -(-n // (tp * pp))
+    assert e.optimizer_bytes == pytest.approx(12 * per_rank / (dp * cp), rel=1e-6)
