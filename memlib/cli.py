@@ -80,6 +80,8 @@ def _parallel_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp-schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree (default 1)")
     p.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree (default 1)")
+    p.add_argument("--etp", type=_positive_int, default=None,
+                   help="expert tensor-parallel degree (Megatron-Core MoE folding; default 1 with --ep, else --tp)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -487,7 +489,7 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
                          micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
-                         gradient_as_bucket_view=args.bucket_view)
+                         gradient_as_bucket_view=args.bucket_view, etp=args.etp)
 
 
 def _plan_text(result: Any) -> str:

@@ -102,8 +102,8 @@ def test_more_ep_never_more_state_memory(model: str, zero: int, gpus: int, tp: i
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(ep=3, num_gpus=24), "ep 3 does not divide mixtral-8x7b's 8 experts; expected one of: 1, 2, 4, 8"),
-    (dict(ep=8, num_gpus=8, tp=2), "ep 8 does not divide dp = 4 (EP ranks come from the data-parallel ranks, "
-                                   "dp = gpus/(tp·pp·cp)); expected one of: 1, 2, 4"),
+    (dict(ep=8, num_gpus=8, tp=2, etp=2), "gpus 8 is not divisible by etp·ep·pp = 2·8·1 = 16 (Megatron-Core's MoE "
+                                          "folding: the expert grid spans the same GPUs); expected ep one of: 1, 2, 4"),
     (dict(ep=0, num_gpus=8), "ep"),
 ])
 def test_bad_ep_one_line(kw: dict, msg: str) -> None:
@@ -153,7 +153,7 @@ def test_cli_train_ep(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("argv, msg", [
     (["train", "mixtral-8x7b", "--gpus", "8", "--ep", "3", "--framework", "megatron"], "ep 3 does not divide mixtral-8x7b's 8 experts; "
                                                             "expected one of: 1, 2, 4, 8"),
-    (["train", "mixtral-8x7b", "--gpus", "2", "--ep", "4", "--framework", "megatron"], "ep 4 does not divide dp = 2"),
+    (["train", "mixtral-8x7b", "--gpus", "2", "--ep", "4", "--framework", "megatron"], "gpus 2 is not divisible by etp·ep·pp = 1·4·1"),
     (["plan", "mixtral-8x7b", "--gpus", "16", "--gpu-mem", "80GiB", "--parallel", "--ep", "3"], "ep 3 does not"),
 ])
 def test_cli_bad_ep_exit_2(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,7 +41,7 @@ OFFLOAD = ("none", "optimizer", "params+optimizer")
 FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]]] = {
     "pytorch": ((0, 1), ("none",), ()),
     "deepspeed": ((0, 1, 2, 3), OFFLOAD, ("ep",)),
-    "fsdp2": ((2, 3), ("none", "params+optimizer"), ()),
+    "fsdp2": ((2, 3), ("none", "params+optimizer"), ("tp", "pp", "cp")),  # TorchTitan's FSDP2 + TP + PP + CP
     "megatron": ((0, 1), ("none",), PARALLEL_DEGREES),
 }
 #: The ZeRO stages and offload choices left with model parallelism, where fewer than without it: DeepSpeed-MoE's
@@ -54,8 +54,9 @@ RECOMPUTE = ("none", "selective", "full")
 #: Attention implementations: eager (scores materialized) or sdpa (a flash kernel).
 ATTENTION = ("eager", "sdpa")
 #: Pipeline schedules (Chapter 15): GPipe (all forwards, then all backwards), 1F1B (PipeDream-Flush),
-#: interleaved 1F1B.
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: interleaved 1F1B; zero-bubble ZB-H1 and ZB-H2 (Qi et al. 2024), ZB-V (torch's ``ScheduleZBVZeroBubble``),
+#: DeepSeek's DualPipe and DualPipeV (DeepSeek-AI 2024, Table 2).
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
 #: Which Linear layers of every decoder block get an adapter. ``all-linear`` is peft's name for every Linear
 #: (Conv1D in GPT-2) except the output layer, the QLoRA paper's choice; ``attention`` the four attention
 #: projections; ``qv`` the original LoRA paper's W_q and W_v.

@@ -231,7 +231,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       sequence_parallel: bool | None = None, micro_batches: int | None = None,
                       pp_schedule: str | None = None, optimizer_impl: str | None = None,
                       framework: str | None = None,
-                      gradient_as_bucket_view: bool | None = None) -> TrainingEstimate:
+                      gradient_as_bucket_view: bool | None = None, etp: int | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
@@ -289,8 +289,12 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             ``num_gpus`` is then the total and ZeRO shards over dp = num_gpus / (tp·pp·cp); the estimate is
             the worst rank's (:func:`memlib.core.parallel.estimate_parallel`). The defaults give plain data
             parallelism. ``ep`` (MoE models; GShard, Lepikhin et al. 2021; DeepSpeed-MoE) splits the routed
-            experts over ep of the dp ranks (ep divides dp and the experts), ZeRO sharding the expert states
-            over dp/ep, and adds the all-to-all buffers; balanced routing leaves the activations unchanged.
+            experts over ep ranks folded over the tp·cp·dp grid (Megatron-Core's MoE folding: gpus divisible by
+            etp·ep·pp, ep dividing the experts), ZeRO sharding the non-expert states over dp·cp and the expert
+            states over gpus/(etp·ep·pp), and adds the all-to-all buffers; balanced routing leaves the
+            activations unchanged.
+        etp: expert tensor-parallel degree (Megatron-Core's MoE parallel folding: gpus divisible by etp·ep·pp);
+            None: 1 with ep > 1, else tp (:func:`memlib.core.parallel.check_layout`).
 
     Returns:
         The estimate, bytes per GPU (and ``cpu_bytes`` of host memory with offload).
@@ -313,7 +317,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         num_gpus=num_gpus, recompute=recompute, attention=attention, checkpoint_every=checkpoint_every,
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
-        optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view))
+        optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view,
+        etp=etp))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
@@ -378,7 +383,7 @@ def _estimate_model_parallel(model: str | Path | dict[str, Any] | ModelConfig | 
     cfg = None if model is None else load_config(model)
     layout = check_layout(cfg, setup.num_gpus, tp=setup.tp, pp=setup.pp, cp=setup.cp, ep=setup.ep,
                           sequence_parallel=setup.sequence_parallel, micro_batches=setup.micro_batches,
-                          schedule=setup.pp_schedule, seq_len=setup.seq_len)
+                          schedule=setup.pp_schedule, seq_len=setup.seq_len, etp=setup.etp)
     result: TrainingEstimate = estimate_parallel(
         cfg, layout, params=params, batch_size=setup.batch_size, seq_len=setup.seq_len, precision=setup.precision,
         optimizer=setup.optimizer, zero_stage=setup.zero_stage, recompute=setup.recompute,

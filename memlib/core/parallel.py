@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from . import families_moe
-from .activations import activation_terms
 from .choices import ATTENTION, RECOMPUTE, SCHEDULES, check_framework
 from .configs import ModelConfig, check_seq_len, load_config
 from .errors import MemlibError, check_choice, check_positive
+from .frameworks import get_framework
+from .schedules import bubble_fraction, bubble_ratio, in_flight, schedule_weight_copies, zero_bubble_units
 from .params import count_params
 from .setup import TrainingSetup
 from .states import states_estimate
@@ -46,6 +47,9 @@ __all__ = [
     "num_experts",
     "check_layout",
     "bubble_fraction",
+    "bubble_ratio",
+    "zero_bubble_units",
+    "schedule_weight_copies",
     "in_flight",
     "stage_layers",
     "korthikanti_layer_bytes",
@@ -72,13 +76,16 @@ class Layout:
         tp: tensor-parallel degree t.
         pp: pipeline stages p.
         cp: context-parallel degree (sequence split for attention).
-        ep: expert-parallel degree (1 for dense models); the EP ranks are data-parallel ranks (ep divides dp).
-        dp: data-parallel degree: num_gpus / (tp·pp·cp); ZeRO/FSDP shard over it (the routed experts over
-            dp/ep, the expert-data-parallel group).
+        ep: expert-parallel degree (1 for dense models). Megatron-Core's MoE parallel folding: the expert layers
+            have their own grid etp·ep·edp·pp over the same GPUs, so EP folds over TP, CP and DP ranks.
+        dp: data-parallel degree: num_gpus / (tp·pp·cp); ZeRO/FSDP and Megatron's distributed optimizer shard
+            the non-expert states over dp·cp (Megatron's ``dp_cp_group``, TorchTitan's ``dp_shard_cp`` mesh).
         sequence_parallel: norms and the residual stream split along the sequence over the tp GPUs.
         micro_batches: micro-batches m per optimizer step and pipeline.
         schedule: ``gpipe``, ``1f1b`` or ``interleaved``.
         virtual_stages: model chunks v per GPU for the interleaved schedule (1 otherwise).
+        etp: expert tensor-parallel degree (``--expert-tensor-parallel-size``): each expert's linears split over
+            etp GPUs; the expert-data-parallel group is num_gpus / (etp·ep·pp).
     """
 
     tp: int = 1
@@ -90,11 +97,27 @@ class Layout:
     micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    etp: int = 1
 
     @property
     def num_gpus(self) -> int:
         """Total GPUs: tp·pp·cp·dp."""
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks that shard the non-expert optimizer states (ZeRO, Megatron's distributed optimizer, FSDP): dp·cp.
+
+        Context-parallel ranks hold the same weights and all-reduce their gradients like data-parallel ranks, so
+        Megatron-Core builds the distributed optimizer over ``dp_cp_group`` (``megatron/core/parallel_state.py``,
+        ``get_data_parallel_group(with_context_parallel=True)``) and TorchTitan's FSDP mesh is ``dp_shard_cp``
+        (``torchtitan/distributed/parallel_dims.py``)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """The expert-data-parallel group: num_gpus / (etp·ep·pp) (Megatron-Core's MoE parallel folding)."""
+        return self.num_gpus // (self.etp * self.ep * self.pp)
 
     @property
     def is_default(self) -> bool:
@@ -129,7 +152,7 @@ def _divisors(n: int) -> list[int]:
 
 def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
                  sequence_parallel: bool = False, micro_batches: int = 1, schedule: str = "1f1b",
-                 virtual_stages: int = 2, seq_len: int | None = None) -> Layout:
+                 virtual_stages: int = 2, seq_len: int | None = None, etp: int | None = None) -> Layout:
     """Validate the degrees against the model and the GPU count; return the :class:`Layout`.
 
     Introduced in Chapter 15. Each bad value raises one line naming it and the valid values.
@@ -143,14 +166,19 @@ def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int
         schedule: one of :data:`SCHEDULES`.
         virtual_stages: chunks per GPU for ``interleaved`` (ignored otherwise).
         seq_len: checked to divide by 2·cp (load-balanced causal split) when given.
+        etp: expert tensor-parallel degree; None: 1 with ep > 1 (EP folded over the TP ranks, the MoE recipes'
+            choice) and tp otherwise (Megatron-Core's default ``expert_tensor_parallel_size = tp``).
 
     Raises:
         MemlibError: tp not dividing the heads, pp above the layers, num_gpus not divisible by tp·pp·cp,
-            ep not dividing the experts or dp (EP ranks are data-parallel ranks, as in Megatron-LM and
-            DeepSpeed-MoE), a bad schedule or micro-batch count.
+            ep not dividing the experts, num_gpus not divisible by etp·ep·pp (Megatron-Core's MoE parallel
+            folding, ``megatron/core/parallel_state.py``, ``initialize_model_parallel``: the expert grid
+            etp·ep·edp·pp spans the same GPUs as tp·cp·dp·pp, so EP folds over TP, CP and DP ranks;
+            DeepSpeed-MoE's rule is the stricter "ep divides dp"), a bad schedule or micro-batch count.
     """
     n = check_positive("num_gpus", num_gpus)
     t, p, c, e = (check_positive(k, v) for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)))
+    et = check_positive("etp", etp) if etp is not None else (1 if e > 1 else t)
     m = check_positive("micro_batches", micro_batches)
     check_choice("pipeline schedule", schedule, SCHEDULES)
     v = check_positive("virtual_stages", virtual_stages) if schedule == "interleaved" else 1
@@ -179,51 +207,17 @@ def check_layout(cfg: ModelConfig | None, num_gpus: int, *, tp: int = 1, pp: int
         raise MemlibError(f"gpus {n} is not divisible by tp·pp·cp = {t}·{p}·{c} = {mp}; expected a multiple "
                           f"of {mp}")
     dp = n // mp
-    if e > 1 and dp % e:
-        raise MemlibError(f"ep {e} does not divide dp = {dp} (EP ranks come from the data-parallel ranks, "
-                          f"dp = gpus/(tp·pp·cp)); expected one of: {', '.join(map(str, _divisors(dp)))}")
+    if n % (et * e * p):
+        raise MemlibError(f"gpus {n} is not divisible by etp·ep·pp = {et}·{e}·{p} = {et * e * p} (Megatron-Core's "
+                          f"MoE folding: the expert grid spans the same GPUs); expected ep one of: "
+                          f"{', '.join(str(x) for x in _divisors(n // (et * p)))}")
     if schedule == "interleaved" and p > 1 and m % p:
         raise MemlibError(f"interleaved schedule: micro_batches {m} is not a multiple of pp {p}; expected a "
                           f"multiple of {p}")
     if seq_len is not None and c > 1 and seq_len % (2 * c):
         raise MemlibError(f"cp {c}: seq_len {seq_len} does not split into 2·cp = {2 * c} equal chunks; expected "
                           f"a multiple of {2 * c}")
-    return Layout(t, p, c, e, dp, bool(sequence_parallel), m, schedule, v)
-
-
-def bubble_fraction(pp: int, micro_batches: int, schedule: str = "1f1b", virtual_stages: int = 2) -> float:
-    """Fraction of a pipelined step that each GPU idles: (p−1)/(m+p−1); interleaved (p−1)/(vm+p−1).
-
-    Introduced in Chapter 15. Narayanan et al. 2021, §2.2.1 (bubble time (p−1)·(t_f+t_b) against the ideal
-    m·(t_f+t_b)) and §2.2.2 (the interleaved schedule divides the bubble by v). GPipe and 1F1B have the same
-    bubble; 1F1B only holds fewer micro-batches in flight.
-    """
-    p, m = check_positive("pp", pp), check_positive("micro_batches", micro_batches)
-    check_choice("pipeline schedule", schedule, SCHEDULES)
-    v = check_positive("virtual_stages", virtual_stages) if schedule == "interleaved" else 1
-    return (p - 1) / (v * m + p - 1)
-
-
-def in_flight(pp: int, micro_batches: int, schedule: str = "1f1b", stage: int = 0,
-              virtual_stages: int = 2) -> float:
-    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the stage's layers.
-
-    Introduced in Chapter 15. GPipe runs all m forwards first: m. 1F1B (PipeDream-Flush, Narayanan et al.
-    2021 §2.2.1) starts p − stage forwards before its first backward: min(p − stage, m). The interleaved
-    schedule (Megatron's warm-up of 2(p−1) + (v−1)p chunk forwards on the first stage) holds
-    p·(1 + (p−1)/(pv)) stage-equivalents (Korthikanti et al. 2022, §4.2.3), at most m.
-    """
-    p, m = check_positive("pp", pp), check_positive("micro_batches", micro_batches)
-    check_choice("pipeline schedule", schedule, SCHEDULES)
-    if not 0 <= stage < p:
-        raise MemlibError(f"invalid stage {stage}; expected 0 to {p - 1}")
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b" or p == 1:
-        return float(min(p - stage, m))
-    v = check_positive("virtual_stages", virtual_stages)
-    chunks = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)  # chunk forwards before the first backward
-    return chunks / v
+    return Layout(t, p, c, e, dp, bool(sequence_parallel), m, schedule, v, et)
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -358,13 +352,17 @@ def sp_gathered_extra_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, tp:
 
 def cp_allgather_attention_bytes(cfg: ModelConfig, batch_size: int, seq_len: int, cp: int,
                                  act_bytes: int = 2) -> int:
-    """Bytes one attention block saves per GPU under all-gather context parallelism (Llama 3, §3.3.2).
+    """Bytes one attention block saves per GPU under all-gather context parallelism (Llama 3, §3.3.2), as plain
+    autograd saves them.
 
     Each GPU keeps s/cp tokens: its input x, q, and the attention output (which is also the o_proj input: the
     CPU flash kernel returns it in (b, t, a, d) layout), e·b·(s/cp)·(h + 2·a·d); the log-sum-exp, 4·b·a·(s/cp);
-    the all-gathered K and V of the whole sequence, 2·e·b·s·a_kv·d (what CP does not split); and the causal
-    mask of its block of rows, which SDPA turns into an additive mask, e·(s/cp)·s (flash kernels on GPU compute
-    it from the offsets instead). Measured in Chapter 15.
+    the all-gathered K and V of the whole sequence, 2·e·b·s·a_kv·d (autograd keeps the gathered copy); and the
+    causal mask of its block of rows, which SDPA turns into an additive mask, e·(s/cp)·s (flash kernels on GPU
+    compute it from the offsets instead). Measured in Chapter 15 on a naive autograd all-gather. TransformerEngine
+    does better: ``AttnFuncWithCPAndKVAllGather`` (``transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py``) saves only the local K/V and all-gathers them again in the backward, so the gathered
+    2·e·b·s·a_kv·d is a temporary there, not a saved activation.
     """
     s_loc = seq_len // cp
     b, h, q, kv = batch_size, cfg.hidden_size, cfg.q_dim, cfg.kv_dim
@@ -481,23 +479,26 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     """Per-GPU training memory of the worst rank under a parallel layout (called by
     :func:`memlib.core.estimate.estimate_training` when a model-parallel degree is set). Introduced in Chapter 15.
 
-    Model states: the worst stage's parameters per tp GPU (:func:`stage_params`) in Megatron-LM's layout
-    (:mod:`memlib.core.frameworks`: bf16 params 2 + fp32 ``main_grad`` 4 + fp32 main params and Adam 12 bytes
-    per parameter, ``megatron/core/distributed/param_and_grad_buffer.py``), the distributed optimizer
-    (``zero_stage=1``, ``megatron/core/optimizer/distrib_optimizer.py``) sharding the 12 over dp: 6 + 12/dp
+    Model states: the worst stage's parameters per tp GPU (:func:`stage_params`) in the framework's layout
+    (:mod:`memlib.core.frameworks`; Megatron: bf16 params 2 + fp32 ``main_grad`` 4 + fp32 main params and Adam 12
+    bytes per parameter, ``megatron/core/distributed/param_and_grad_buffer.py``, the distributed optimizer
+    (``zero_stage=1``, ``megatron/core/optimizer/distrib_optimizer.py``) sharding the 12 over dp·cp: 6 + 12/(dp·cp);
+    FSDP2 as TorchTitan composes it: (4 + 4 + 8)/(dp·cp) plus its unsharded working set of tp-split units)
     (:func:`memlib.core.estimate.estimate_training` with ``params=``). Activations of
     stage i: in_flight(i) × (its layers × per-layer bytes + its outside bytes), the per-layer bytes from
-    :func:`split_terms` at s/cp; plus the TP buffer, the ring-attention K/V buffers and the largest
-    temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
+    :func:`split_terms` at s/cp over the framework's own model (:meth:`memlib.core.frameworks.base.Framework.
+    parallel_activation_terms`: Megatron-Core with TransformerEngine, TorchTitan's Llama 3); DualPipe doubles the
+    stage's states (:func:`memlib.core.schedules.schedule_weight_copies`); plus the TP buffer, the ring-attention
+    K/V buffers and the largest temporary (the loss's fp32 logits gradient on the last stage, vocab-parallel).
 
     Expert parallelism (``layout.ep`` > 1, MoE models; GShard, Lepikhin et al. 2021, ``lepikhin2021gshard``;
-    DeepSpeed-MoE, Rajbhandari et al. 2022): the ep ranks are data-parallel ranks (ep divides dp, as in
-    Megatron-LM and DeepSpeed-MoE). Each GPU holds num_experts/ep of the routed experts of every MoE layer
-    of its stage (:func:`moe_stage_params`); attention, dense MLPs, shared experts, the router, norms and
-    embeddings stay replicated (split by tp as without EP). ZeRO shards the non-expert states over dp and the
-    expert states over the expert-data-parallel group of dp/ep ranks, so without ZeRO the expert weights,
-    gradients and optimizer states all divide by ep, and with ZeRO-1 the optimizer states per GPU are those
-    of plain ZeRO-1 (E/ep experts over dp/ep ranks = E experts over dp). The temporaries add one MoE layer's
+    DeepSpeed-MoE, Rajbhandari et al. 2022): Megatron-Core's MoE parallel folding, the expert layers on their own
+    grid etp·ep·edp·pp over the same GPUs (EP folds over TP, CP and DP ranks; DeepSpeed-MoE's ep-divides-dp is
+    the special case tp = cp = etp = 1). Each GPU holds num_experts/ep of the routed experts of every MoE layer
+    of its stage, each split over etp (:func:`moe_stage_params`); attention, dense MLPs, shared experts, the
+    router, norms and embeddings stay replicated (split by tp as without EP). ZeRO shards the non-expert states
+    over dp·cp and the expert states over the expert-data-parallel group of edp = gpus/(etp·ep·pp) ranks.
+    The temporaries add one MoE layer's
     all-to-all dispatch buffers in flight, send + receive of top_k·b·(s/cp)·h elements
     (:func:`expert_parallel_bytes`, capacity factor 1). Activations assume balanced routing: each of the ep
     GPUs sends its b·s·k routed token copies out and, holding E/ep of the experts, receives on average
@@ -505,7 +506,8 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     unchanged. Real routers are imbalanced: the busiest GPU holds more (a capacity factor c bounds it at c×).
 
     Args:
-        framework: whose layout the states follow; only ``megatron`` supports tp/pp/cp/ep
+        framework: whose layout the states follow and whose model saves the activations: ``megatron``
+            (tp/pp/cp/ep), ``fsdp2`` (tp/pp/cp, TorchTitan's composition), ``deepspeed`` (ep)
             (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`).
         sp_keeps_gathered: PyTorch DTensor's ``SequenceParallel`` + ``ColwiseParallel``: each column-parallel
             linear all-gathers its input and saves the gathered copy for backward (Megatron re-gathers it
@@ -526,6 +528,7 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
         raise MemlibError(f"method {method!r} with model parallelism is not estimated; expected method 'full'")
     if offload != "none":
         raise MemlibError(f"offload {offload!r} with model parallelism is not estimated; expected offload 'none'")
+    fw = get_framework(framework)
     check_framework(framework, zero_stage, offload, tuple(name for name, d in (("tp", layout.tp), ("pp", layout.pp),
                                                                              ("cp", layout.cp), ("ep", layout.ep))
                                                        if d > 1))
@@ -542,7 +545,7 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     if model is None:
         n = check_positive("params", params)
         per_rank = -(-n // (layout.tp * p))
-        st = rank_states(per_rank, layout.dp)
+        st = rank_states(per_rank, layout.zero_ranks)
         return TrainingEstimate(st.params_bytes, st.grads_bytes, st.optimizer_bytes, None, 0, st.total_bytes,
                                 "states", {**st.settings, **_layout_settings(layout), "params": n,
                                            "trainable_params": n, "num_gpus": layout.num_gpus,
@@ -551,7 +554,10 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     check_seq_len(cfg, seq_len)
     e = 4 if precision == "fp32" else 2
     s_local = seq_len // layout.cp
-    terms = activation_terms(cfg, batch_size=batch_size, seq_len=s_local, precision=precision, attention=attention)
+    # what the framework's own model saves (Megatron-Core's GPTModel, TorchTitan's Llama 3), at the local s/cp
+    terms = fw.parallel_activation_terms(cfg, TrainingSetup(
+        batch_size=batch_size, seq_len=s_local, precision=precision, optimizer=optimizer, attention=attention,
+        zero_stage=zero_stage, framework=framework))
     per_layer, first_out, last_out = split_terms(terms, layout.tp, layout.sequence_parallel, layout.cp)
     t = layout.tp
     T = batch_size * s_local
@@ -574,29 +580,36 @@ def estimate_parallel(model: str | Path | dict[str, Any] | ModelConfig | None, l
     moe = cfg.moe
     if moe is not None and layout.ep == 1:  # count MoE stages layer by layer (DeepSeek's first layers are dense)
         params_per_stage = [dense + routed for dense, routed in moe_stage_params(cfg, t, p)]
-    if layout.ep > 1 and moe is not None:  # expert parallelism: the routed experts split over ep ranks of dp
-        split = moe_stage_params(cfg, t, p)
+    if layout.ep > 1 and moe is not None:  # expert parallelism: the routed experts over etp·ep ranks (folded)
+        split = [(dense, routed_e) for (dense, _), (_, routed_e) in zip(moe_stage_params(cfg, t, p),
+                                                                        moe_stage_params(cfg, layout.etp, p))]
         params_per_stage = [dense + routed // layout.ep for dense, routed in split]
         a2a = expert_parallel_bytes(num_experts=moe.num_experts, expert_params=3 * cfg.hidden_size
                                     * moe.expert_intermediate_size, ep=layout.ep, tokens=T,
                                     hidden_size=cfg.hidden_size, top_k=moe.top_k, act_bytes=e)["a2a_buffer_bytes"]
         buffers += a2a
-        ep_settings = {"local_experts": moe.num_experts // layout.ep, "expert_data_parallel": layout.dp // layout.ep,
-                       "a2a_buffer_bytes": a2a}
+        ep_settings = {"local_experts": moe.num_experts // layout.ep, "etp": layout.etp,
+                       "expert_data_parallel": layout.expert_dp, "a2a_buffer_bytes": a2a}
+    copies = schedule_weight_copies(layout.schedule)  # DualPipe: two stages' weights per rank
 
     def states(i: int) -> Any:
         if not ep_settings:
-            return rank_states(params_per_stage[i], layout.dp)
-        # ZeRO shards the non-expert states over dp and each expert's over the dp/ep ranks that hold a copy of
-        # it (DeepSpeed-MoE's expert-data-parallel group; Megatron's expert data parallelism)
+            return rank_states(copies * params_per_stage[i], layout.zero_ranks)
+        # ZeRO shards the non-expert states over dp·cp and each expert's over the expert-data-parallel ranks
+        # that hold a copy of it, num_gpus/(etp·ep·pp) (Megatron-Core's folding; DeepSpeed-MoE's dp/ep)
         dense, routed = split[i]
-        a = rank_states(dense, layout.dp)
+        a = rank_states(copies * dense, layout.zero_ranks)
         if routed == 0:
             return a
-        x = rank_states(routed // layout.ep, layout.dp // layout.ep)
+        x = rank_states(copies * routed // layout.ep, layout.expert_dp)
         return TrainingEstimate(a.params_bytes + x.params_bytes, a.grads_bytes + x.grads_bytes,
                                 a.optimizer_bytes + x.optimizer_bytes, None, 0, a.total_bytes + x.total_bytes,
                                 "states", a.settings)
+    # a sharded framework's unsharded working set (TorchTitan's FSDP2 units, tp-split), in the backward pass
+    pc = count_params(cfg)
+    buffers += sum(fw.working_set(cfg, -(-pc.per_layer // t), 0, -(-pc.params // t), -(-pc.params // t),
+                                  TrainingSetup(precision=precision, optimizer=optimizer, zero_stage=zero_stage,
+                                                num_gpus=layout.zero_ranks, framework=framework)))
     loss_temp = 4 * T * cfg.vocab_size // t  # fp32 gradient of the logits, vocab-parallel
     best: tuple[int, int, Any, int] | None = None
     for i in range(p):
@@ -631,4 +644,4 @@ def _count_all(cfg: ModelConfig) -> int:
 def _layout_settings(layout: Layout) -> dict[str, Any]:
     return {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "dp": layout.dp,
             "sequence_parallel": layout.sequence_parallel, "micro_batches": layout.micro_batches,
-            "pp_schedule": layout.schedule, "virtual_stages": layout.virtual_stages}
+            "pp_schedule": layout.schedule, "virtual_stages": layout.virtual_stages, "zero_ranks": layout.zero_ranks}

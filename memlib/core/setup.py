@@ -40,6 +40,7 @@ class TrainingSetup:
             estimate follows (:mod:`memlib.core.frameworks`); each supports the ZeRO stages, offload and
             parallelism listed in :data:`memlib.core.choices.FRAMEWORK_SUPPORT`.
         tp, pp, cp, ep: tensor-, pipeline-, context- and expert-parallel degrees (Chapter 15).
+        etp: expert tensor-parallel degree (Megatron-Core's MoE folding); None: 1 with ep > 1, else tp.
         sequence_parallel: Megatron sequence parallelism (with tp).
         micro_batches: pipeline micro-batches per step.
         pp_schedule: one of :data:`memlib.core.choices.SCHEDULES`.
@@ -78,6 +79,7 @@ class TrainingSetup:
     optimizer_impl: str = "foreach"
     framework: str = "pytorch"
     gradient_as_bucket_view: bool = False
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
@@ -94,6 +96,8 @@ class TrainingSetup:
                              ("checkpoint_every", "checkpoint_every"), ("lora_rank", "lora rank"), ("tp", "tp"),
                              ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches")):
             object.__setattr__(self, field, check_positive(label, getattr(self, field)))
+        if self.etp is not None:
+            check_positive("etp", self.etp)
         check_framework(self.framework, self.zero_stage, self.offload, self.parallel_degrees)
         if not isinstance(self.gradient_as_bucket_view, bool):
             raise MemlibError(f"invalid gradient_as_bucket_view {self.gradient_as_bucket_view!r}; expected one of: "
@@ -114,7 +118,7 @@ class TrainingSetup:
     def model_parallel(self) -> bool:
         """True when a tensor/pipeline/context/expert-parallel setting differs from plain data parallelism."""
         return (self.tp, self.pp, self.cp, self.ep, self.sequence_parallel, self.micro_batches,
-                self.pp_schedule) != (1, 1, 1, 1, False, 1, "1f1b")
+                self.pp_schedule, self.etp) != (1, 1, 1, 1, False, 1, "1f1b", None)
 
     @property
     def parallel_degrees(self) -> tuple[str, ...]:
@@ -123,7 +127,7 @@ class TrainingSetup:
         return tuple(name for name, on in (
             ("tp", self.tp > 1 or self.sequence_parallel),
             ("pp", self.pp > 1 or self.micro_batches > 1 or self.pp_schedule != "1f1b"),
-            ("cp", self.cp > 1), ("ep", self.ep > 1)) if on)
+            ("cp", self.cp > 1), ("ep", self.ep > 1 or self.etp is not None)) if on)
 
     @property
     def autocast(self) -> bool:

@@ -158,6 +158,18 @@ class Framework:
         :func:`memlib.core.autocast.setup_activation_terms`)."""
         return setup_activation_terms(cfg, setup)
 
+    def parallel_activation_terms(self, cfg: ModelConfig, setup: TrainingSetup) -> list[ActivationTerm]:
+        """What the forward pass saves under tensor/pipeline/context parallelism, where the framework runs its own
+        model (Megatron-Core's ``GPTModel``, TorchTitan's Llama 3), one GPU's whole layer before the tp split
+        (:func:`memlib.core.parallel.split_terms` divides it). By default the transformers model's terms in the
+        activation dtype (16-bit under mixed precision): TorchTitan's ``torchtitan/models/llama3/model/model.py``
+        is written as transformers writes Llama (``nn.RMSNorm``, ``F.scaled_dot_product_attention``,
+        ``w2(F.silu(w1(x)) * w3(x))``)."""
+        from ..activations import activation_terms
+
+        return activation_terms(cfg, batch_size=setup.batch_size, seq_len=setup.seq_len,
+                                precision=setup.precision, attention=setup.attention)
+
     # --- sharding, working set, offload ---------------------------------------------------------------------
     def shard_stage(self, setup: TrainingSetup) -> int:
         """The ZeRO stage whose sharding rule applies (the setup's by default)."""

@@ -14,7 +14,9 @@ from typing import ClassVar
 from ..configs import ModelConfig
 from ..setup import TrainingSetup
 from ..terms import sum_terms
+from ..terms import ActivationTerm
 from .base import Framework, Saved, torch_adamw_step_bytes
+from .torchtitan import torchtitan_activation_terms
 
 __all__ = ["FSDP2", "FSDP_2", "traced_layout", "fsdp2_backward_bytes"]
 
@@ -33,6 +35,14 @@ class FSDP2(Framework):
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (4.0, 4.0, 0.0, 4.0)
     sharded_optimizer: ClassVar[str] = "FSDP2's fully_shard"
     offload_traffic: ClassVar[str] = "fsdp2"
+
+    def parallel_activation_terms(self, cfg: ModelConfig, setup: TrainingSetup) -> list[ActivationTerm]:
+        """With tp/pp/cp FSDP2 is TorchTitan's layout, and the model TorchTitan's Llama 3
+        (:func:`memlib.core.frameworks.torchtitan.torchtitan_activation_terms`) for the dense llama-like
+        families; the others keep the transformers terms."""
+        if cfg.moe is not None or cfg.mla is not None or cfg.model_type not in ("llama", "mistral", "qwen2", "olmo2"):
+            return super().parallel_activation_terms(cfg, setup)
+        return torchtitan_activation_terms(cfg, setup.batch_size, setup.seq_len, 4 if setup.precision == "fp32" else 2)
 
     def shard_stage(self, setup: TrainingSetup) -> int:
         """``fully_shard`` shards parameters, gradients and optimizer states at both stages."""

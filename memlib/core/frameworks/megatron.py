@@ -17,9 +17,71 @@ from typing import ClassVar
 
 from ..configs import ModelConfig
 from ..setup import TrainingSetup
+from ..terms import ActivationTerm
 from .base import Framework, Saved
 
-__all__ = ["Megatron", "MEGATRON"]
+__all__ = ["Megatron", "MEGATRON", "megatron_core_activation_terms"]
+
+
+def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: int, act_bytes: int = 2,
+                                   attention: str = "sdpa", implementation: str = "te") -> list[ActivationTerm]:
+    """What Megatron-Core's ``GPTModel`` saves for backward, per GPU before the tp split. Chapter 15.
+
+    ``implementation="te"`` (the GPU default, ``get_gpt_layer_with_transformer_engine_spec``; from the source of
+    Megatron-Core 0.16 and TransformerEngine 2.x): ``TELayerNormColumnParallelLinear`` fuses the norm into
+    linear_qkv and linear_fc1 and saves the norm input, its fp32 rstd and the normalized output (the GEMM input);
+    the fused RoPE kernel saves only the frequencies; ``TEDotProductAttention`` (flash) saves q, k, v, the output
+    (also ``linear_proj``'s input, one storage) and the fp32 log-sum-exp; the fused ``bias_swiglu`` saves fc1's
+    output (gate and up, 2f); ``linear_fc2`` saves the SwiGLU output; the residual adds and
+    ``hidden_dropout = 0`` save nothing. Per layer sbh·(12 + 4·kv/h + 6f/h)·e/2 + the fp32 extras: 33.5·sbh for
+    Llama-3.1-70B, where Megatron's own ``megatron/training/theoretical_memory_usage.py``
+    (``compute_activation_memory``: sbh(18 + 4f/h), Korthikanti's Table 2 with selective recomputation)
+    gives 32 (it counts one MLP matrix of width f and dropout masks). With ``attention="eager"``
+    ``FusedScaleMaskSoftmax`` saves the softmax, e·b·a·s², instead of the log-sum-exp.
+
+    ``implementation="local-cpu"``: the local spec (``get_gpt_layer_local_spec``) as it runs on a CPU without
+    apex or TransformerEngine, measured to the byte by ``bench/engines_on_cpu.py``: ``torch.nn.RMSNorm``'s
+    composite CPU path (fp32 input and normalized copies, the rstd, the 16-bit output), RoPE's cos/sin per
+    layer, ``DotProductAttention``'s baddbmm and bmm on k and v repeated to every head, the fp32 softmax of
+    ``FusedScaleMaskSoftmax``'s torch fallback and its 16-bit copy, ``glu``'s two halves and product besides
+    fc1's output. Dense models; the loss side is Megatron's vocab-parallel cross-entropy (fp32 logits).
+    """
+    b, s, e = batch_size, seq_len, act_bytes
+    T, h, f, q, kv, a = b * s, cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim, cfg.num_heads
+    local = implementation == "local-cpu"
+    gated = cfg.mlp == "gated"
+    if local:
+        norm = [ActivationTerm("norm fp32 input and normalized copies, two norms (CPU RMSNorm)", 2 * 8 * T * h,
+                               "2·8·b·s·h")]
+        core = [ActivationTerm("rotary cos, sin for q and k, per layer", 4 * e * s * cfg.head_dim, "4·e·s·d"),
+                ActivationTerm("q after RoPE", e * T * q, "e·b·s·q"),
+                ActivationTerm("k, v repeated to every head", 2 * e * T * q, "2·e·b·s·q"),
+                ActivationTerm("softmax fp32 output and its 16-bit copy", (4 + e) * b * a * s * s,
+                               "(4 + e)·b·a·s²")]
+        mlp = [ActivationTerm("MLP fc1 output (gate and up)", e * T * 2 * f, "e·b·s·2f"),
+               ActivationTerm("MLP glu halves and product (fc2 input)", 3 * e * T * f, "3·e·b·s·f")]
+    else:
+        norm = [ActivationTerm("norm input (residual stream), two norms", 2 * e * T * h, "2·e·b·s·h")]
+        core = [ActivationTerm("q, k after RoPE and v", e * T * (q + 2 * kv), "e·b·s·(q + 2kv)"),
+                ActivationTerm("log-sum-exp (flash attention, fp32)", 4 * b * a * s, "4·b·a·s")
+                if attention == "sdpa" else
+                ActivationTerm("softmax output (FusedScaleMaskSoftmax)", e * b * a * s * s, "e·b·a·s²")]
+        mlp = [ActivationTerm("MLP fc1 output (SwiGLU input)", e * T * (2 * f if gated else f), "e·b·s·2f"),
+               ActivationTerm("MLP fc2 input (activation output)", e * T * f, "e·b·s·f")]
+    final_norm = (8 if local else 0) * T * h + e * T * h * (1 if local else 2) + 4 * T
+    outside = [ActivationTerm("input ids (int64)", 8 * T, "8·b·s", False),
+               ActivationTerm("final norm (input, rstd, output)", final_norm, "", False),
+               ActivationTerm("log-softmax of the fp32 logits (vocab-parallel cross-entropy)",
+                              4 * T * cfg.vocab_size, "4·b·s·V", False),
+               ActivationTerm("labels and loss mask", 9 * T, "9·b·s", False)]
+    if local:
+        outside.append(ActivationTerm("causal mask (bool, cached once)", s * s, "s²", False))
+    return norm + [
+        ActivationTerm("norm rstd, two norms (fp32)", 2 * 4 * T, "8·b·s"),
+        ActivationTerm("linear_qkv and linear_fc1 inputs (norm outputs)", 2 * e * T * h, "2·e·b·s·h"),
+        *core,
+        ActivationTerm("attention output (linear_proj input)", e * T * q, "e·b·s·q"),
+        *mlp] + outside
 
 
 class Megatron(Framework):
@@ -28,6 +90,15 @@ class Megatron(Framework):
     name: ClassVar[str] = "megatron"
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (2.0, 4.0, 4.0, 4.0)
     sharded_optimizer: ClassVar[str] = "Megatron's distributed optimizer"
+
+    def parallel_activation_terms(self, cfg: ModelConfig, setup: TrainingSetup) -> list[ActivationTerm]:
+        """Megatron-Core's ``GPTModel`` with TransformerEngine (:func:`megatron_core_activation_terms`) for dense
+        models; the loss side (vocab-parallel fp32 logits) and MoE models keep the transformers terms."""
+        if cfg.moe is not None or cfg.mla is not None or cfg.model_type not in (
+                "llama", "mistral", "qwen2", "qwen3", "olmo2"):
+            return super().parallel_activation_terms(cfg, setup)
+        e = 4 if setup.precision == "fp32" else 2
+        return megatron_core_activation_terms(cfg, setup.batch_size, setup.seq_len, e, setup.attention)
 
     def backward_extra(self, cfg: ModelConfig, setup: TrainingSetup, saved: Saved, g_bytes: int, n: int,
                        layer_params: int, generic_peak: Callable[[int], int]) -> int:
