@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from .dtypes import GiB
 from .errors import MemlibError
 
-__all__ = ["GpuSpec", "GPUS", "GPU_MEMORY", "LINK_BANDWIDTH", "PCIE_GT_PER_S", "pcie_bandwidth", "gpu_names",
+__all__ = ["GpuSpec", "GPUS", "H20", "GPU_MEMORY", "LINK_BANDWIDTH", "PCIE_GT_PER_S", "pcie_bandwidth", "gpu_names",
            "get_gpu", "match_gpu"]
 
 #: Transfer rate of one PCIe lane, in GT/s, by generation (PCI-SIG base specifications 3.0, 4.0, 5.0).
@@ -156,6 +156,9 @@ _H100_DS = ("NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center
 _H200_DS = ("NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200): 141 GB HBM3e, 4.8 TB/s; "
             "BF16/FP16 Tensor Core 1,979* TFLOPS, FP8 3,958*, TF32 989*, FP32 67; *with sparsity, dense is half; "
             "NVLink 900 GB/s, PCIe Gen5 128 GB/s")
+_H20_PB = ("NVIDIA H20 (HGX H20, the China-market Hopper) product brief as reported by SemiAnalysis and vendors, "
+           "2023-11: 96 GB HBM3, 4.0 TB/s; FP8 296 TFLOPS, BF16/FP16 148, TF32 74, FP32 44 (dense); NVLink 900 GB/s, "
+           "PCIe Gen5 128 GB/s; NVIDIA publishes no public datasheet page for it")
 _V100_DS = ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100): SXM2 Tensor Performance 125 TFLOPS, "
             "single precision 15.7 TFLOPS, 32/16 GB HBM2, 900 GB/s; NVLink 300 GB/s, PCIe (Gen3) 32 GB/s")
 _T4_DS = ("NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4): mixed precision FP16/FP32 "
@@ -208,6 +211,11 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("h200", "H200 SXM 141 GB", "Hopper", 989.5, 989.5, 494.5, 67.0, 141 * GiB, 4800 * _G, "HBM3e",
             1979.0, 1979.0, 5, 900 * _G, _H200_DS, "same compute as H100 SXM; more and faster memory"),
 ]}
+
+#: The H20 (China-market Hopper), kept out of :data:`GPUS` (whose table the chapters print) until a chapter
+#: adds it; the drills' serving questions use it (:func:`memlib.core.cluster.min_gpus_serve` takes a GpuSpec).
+H20 = GpuSpec("h20", "H20 96 GB", "Hopper", 148.0, 148.0, 74.0, 44.0, 96 * GiB, 4000 * _G, "HBM3", None, 296.0, 5,
+              900 * _G, _H20_PB, "a sixth of H100's compute, more memory bandwidth: built for decode")
 
 #: Memory of every GPU of :data:`GPUS`, in bytes (binary), keyed by short name (``"rtx-4090"``: 24 GiB).
 GPU_MEMORY: dict[str, int] = {name: g.memory_bytes for name, g in GPUS.items()}
