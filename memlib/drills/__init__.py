@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from . import numeric as _numeric  # noqa: F401  (registers the drill kinds, in the order of DRILL_KINDS)
 from .answers import Number, answer_numbers
-from .bank import CHAPTER_PAGES, CHAPTERS, DIFFICULTIES, QUESTIONS, SEED_QUESTIONS_ZH, SOURCES, Question
-from .concepts import chapter_markdown, find_question, question_markdown, questions, render_answer
+from .bank import (CHAPTER_PAGES, CHAPTERS, DIFFICULTIES, FREQUENCIES, QUESTIONS, SEED_QUESTIONS_ZH, SOURCES, TOPICS,
+                   Question)
+from .concepts import chapter_markdown, find_question, question_markdown, questions, render_answer, render_say, say_words
 from .engine import (
     BYTE_UNITS,
     DRILL_KINDS,
@@ -47,12 +48,16 @@ __all__ = [
     "CHAPTER_PAGES",
     "DIFFICULTIES",
     "SOURCES",
+    "TOPICS",
+    "FREQUENCIES",
     "Question",
     "Number",
     "QUESTIONS",
     "SEED_QUESTIONS_ZH",
     "answer_numbers",
     "render_answer",
+    "render_say",
+    "say_words",
     "questions",
     "find_question",
     "question_markdown",
