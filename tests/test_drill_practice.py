@@ -164,3 +164,17 @@ def test_export_for_the_static_page() -> None:
         assert "{{" not in c["say"] + c["answer"] and c["page"]
         if c["kind"] == "numeric":
             assert c["hint"] and c["value"] is not None
+
+
+def test_jupyter_trainer_grades_after_reveal_and_saves(tmp_path: Path) -> None:
+    from memlib.drills.widgets import TrainerState, trainer
+
+    path = tmp_path / "p.json"
+    st = TrainerState(2, seed=5, path=path)
+    with pytest.raises(Exception, match="reveal the answer before grading it"):
+        st.grade("good")
+    st.revealed = True
+    assert st.grade("good") == 2 and st.index == 1
+    assert json.loads(path.read_text())["history"][0]["grade"] == "good"
+    box = trainer(2, seed=5, path=path)
+    assert "practised 1 questions" in box.children[-1].value
