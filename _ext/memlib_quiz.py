@@ -3,7 +3,8 @@
 * Writes ``_static/memlib-quiz-bank.js`` (``window.MEMLIB_QUIZ_BANK = {...}``): every question of the bank and
   numeric drills of every kind, with the values, tolerances and hints memlib computed
   (:func:`memlib.drills.practice.export_bank`), so the page grades answers with no kernel and no network.
-* Adds it and ``_static/memlib-quiz.js`` to each page that holds an element of class ``memlib-quiz``, and to no
+* Adds it and ``vendor/memlib-quiz.js`` (the book's own script, next to ``memlib-live.js``; JB1 would inject any
+  script under ``_static/`` into every page) to each page that holds an element of class ``memlib-quiz``, and to no
   other page.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _page(app: Sphinx, pagename: str, templatename: str, context: dict, doctree:
     if 'class="memlib-quiz"' not in str(context.get("body", "")):
         return
     app.add_js_file(BANK_JS)
-    app.add_js_file("memlib-quiz.js")
+    app.add_js_file("../vendor/memlib-quiz.js")  # vendor/site/vendor/; relative paths resolve under _static/
 
 
 def _finished(app: Sphinx, exception: Exception | None) -> None:

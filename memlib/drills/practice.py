@@ -2,7 +2,7 @@
 kept in a JSON file, weakest topics and a timed mock interview (Drills part).
 
 Pure Python (standard library only). The terminal (``memlib drill``), the Jupyter trainer
-(:mod:`memlib.drills.widgets`) and the static web page (``_static/memlib-quiz.js``, fed by :func:`export_bank`)
+(:mod:`memlib.drills.widgets`) and the static web page (``vendor/site/vendor/memlib-quiz.js``, fed by :func:`export_bank`)
 share these rules: a card starts in box 1; **again** sends it back to box 1, **hard** keeps it where it is,
 **good** moves it up one box (at most :data:`LEITNER_BOXES`); cards in lower boxes come first.
 """
