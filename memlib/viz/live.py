@@ -45,7 +45,7 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 #: zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/attention_terms", "core/autocast", "core/categories",
-    "core/checkpointing", "core/choices", "core/configs", "core/dtypes", "core/errors", "core/estimate",
+    "core/checkpointing", "core/choices", "core/cluster", "core/configs", "core/dtypes", "core/errors", "core/estimate",
     "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks", "core/hardware",
     "core/inference", "core/lora", "core/offload", "core/parallel", "core/params", "core/plan", "core/search",
     "core/serve", "core/setup", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
