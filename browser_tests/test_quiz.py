@@ -71,6 +71,7 @@ def test_reveal_grade_reload_keeps_progress(site: Path) -> None:
         pg.reload(wait_until="load")
         seen["after"] = pg.locator(".memlib-quiz .memlib-quiz-progress").inner_text()
         seen["weakest"] = pg.locator(".memlib-quiz .memlib-quiz-weakest").inner_text()
+        pg.locator(".memlib-quiz select[name=topic]").select_option("post-training")  # concept questions only
         pg.locator(".memlib-quiz select[name=lang]").select_option("zh")
         seen["zh"] = pg.locator(".memlib-quiz .memlib-quiz-question").inner_text()
         pg.locator(".memlib-quiz select[name=topic]").select_option("serving")
