@@ -101,6 +101,7 @@ def question_markdown(q: Question, number: int, page_prefix: str = "../chapters/
             f"\n\n**Deep dive:** {render_answer(q)}\n\n{proof}\n```\n")
 
 
-def chapter_markdown(chapter: int, start: int = 1) -> str:
-    """MyST Markdown for all of a chapter's questions, numbered from ``start``."""
-    return "\n".join(question_markdown(q, start + i) for i, q in enumerate(questions(chapter=chapter)))
+def chapter_markdown(chapter: int, start: int = 1, page_prefix: str = "../chapters/") -> str:
+    """MyST Markdown for all of a chapter's questions, numbered from ``start``; a chapter's own "Interview
+    questions" section renders it with ``page_prefix=""`` (one bank, no second copy)."""
+    return "\n".join(question_markdown(q, start + i, page_prefix) for i, q in enumerate(questions(chapter=chapter)))
