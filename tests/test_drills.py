@@ -394,7 +394,7 @@ def test_mfu_drill_uses_the_chapter_formula() -> None:
             s["model"]).q_dim * s["seq_len"]
         assert per_token == palm_flops(s["model"], 1, s["seq_len"]) / s["seq_len"]
         assert d.answer == pytest.approx(100 * per_token * s["tokens_per_s"] / s["peak_flops"], rel=1e-12)
-        assert f"{s['seq_len']}-token sequences" in d.question and "6·N + 12·L·H·Q·T" in d.question
+        assert f"{s['seq_len']}-token sequences" in d.question and "6·N + 12·L·H·Q·T" in d.hint and "6·N" not in d.question
         assert s["seq_len"] <= load_config(s["model"]).max_position_embeddings
     # at long sequences 6 × all parameters is outside the band: the drill tests the attention term
     long = next(generate("mfu", k) for k in range(200) if generate("mfu", k).settings["seq_len"] >= 4096

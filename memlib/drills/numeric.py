@@ -379,16 +379,16 @@ def _mfu(rng: random.Random, seed: int) -> Drill:
     value = 100 * per_token * tokens / peak
     n_all = count_params(model).params
     q = (f"Training {model} on {s}-token sequences runs at {tokens:,} tokens/s per {gpu} (dense bf16 peak "
-         f"{peak / 1e12:g} TFLOP/s). Counting 6·N + 12·L·H·Q·T FLOPs per token (Chapter 12), with "
-         f"N = {n_mm / 1e9:.3g} B matmul weights (the LM head in, the embedding lookup out), L = {cfg.num_layers} "
-         f"layers, H = {cfg.num_heads} heads of Q = {cfg.head_dim} and T = {s}, what is the model FLOPs "
-         f"utilization, in %?")
+         f"{peak / 1e12:g} TFLOP/s). It has {n_mm / 1e9:.3g} B matmul weights (the LM head in, the embedding "
+         f"lookup out), {cfg.num_layers} layers and {cfg.num_heads} heads of dimension {cfg.head_dim}, counting "
+         f"attention's FLOPs (PaLM's count). What is the model FLOPs utilization, in %?")
     how = (f"(6 × {n_mm:,} + 12 × {cfg.num_layers} × {cfg.num_heads} × {cfg.head_dim} × {s}) = "
            f"{per_token / 1e9:.2f} GFLOP per token (palm_flops('{model}', 1, {s}) / {s}), × {tokens:,} / "
            f"{peak:.4g}. 6 × all {n_all / 1e9:.2f} B parameters would give {100 * 6 * n_all * tokens / peak:.1f} %")
     return Drill("mfu", seed, q, value, "%", 0.02, 0.2, "M", 12, how,
                  {"model": model, "gpu": gpu, "tokens_per_s": tokens, "seq_len": s, "peak_flops": peak,
-                  "matmul_params": n_mm})
+                  "matmul_params": n_mm}, hint="6·N + 12·L·H·Q·T FLOPs per token (N matmul weights, L layers, H "
+                                               "heads of Q, T tokens) × tokens/s ÷ peak")
 
 
 @drill_kind("effective_batch", 5, "effective batch from micro-batch, accumulation and data-parallel GPUs")
