@@ -52,7 +52,6 @@ def test_proved_in_links_reach_a_page_with_the_key_term(chapter: int) -> None:
 
 def test_moe_and_mla_questions_link_where_the_book_has_them() -> None:
     """Issue 34: MoE and MLA questions once said 'Proved in Chapter 13', which has neither."""
-    assert "mixture" not in _page_text(13) or True
     for q in QUESTIONS:
         if re.search(r"\bMoE\b|\bMLA\b|Mixtral|DeepSeek", q.text):
             assert q.chapter != 13, q.id

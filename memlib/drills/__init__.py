@@ -14,7 +14,12 @@ Pure Python on top of the estimators (no torch, no ipywidgets). The package:
   tolerance; :func:`make_drills` and :func:`drill_mode` ask N random drills and return a score, deterministic
   for a given seed. New kinds are one decorated function (see :func:`drill_kind`).
 * :mod:`~memlib.drills.numeric` — the registered kinds, each answered by a memlib function.
-* :mod:`~memlib.drills.widgets` — the ipywidgets flashcard (ipywidgets imported only when one is built).
+* :mod:`~memlib.drills.widgets` — the ipywidgets flashcard and the Jupyter trainer (ipywidgets imported only when
+  one is built).
+* :mod:`~memlib.drills.practice` — the practice loop that remembers: cards, seeded selection, Leitner boxes in a
+  JSON file, weakest topics, the mock interview's report, and the bank exported for the static practice page.
+* :mod:`~memlib.drills.terminal` — ``memlib drill``'s session (input, output and clock injected).
+* :mod:`~memlib.drills.printables` — the question-only sheet and the numbers-to-know table.
 """
 from __future__ import annotations
 
