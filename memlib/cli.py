@@ -180,6 +180,8 @@ def _drill_parser(sub: Any) -> None:
     d.add_argument("--count", type=_positive_int, default=10, help="questions to ask (default 10)")
     d.add_argument("--progress", help="progress file (default $MEMLIB_DRILL_PROGRESS or ~/.memlib/drill_progress.json)")
     d.add_argument("--json", action="store_true", help="print the chosen questions with answers as JSON; ask nothing")
+    d.add_argument("--sheet", choices=("questions", "numbers"),
+                   help="print a printable instead: the questions only, or the numbers to know")
 
 
 def _drill_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -191,6 +193,15 @@ def _drill_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from .drills.terminal import DEFAULT_MOCK_SECONDS, card_dict, drill_session
 
     check_choice("lang", args.lang, LANGS)
+    if args.sheet:
+        from .drills.printables import numbers_to_know, question_sheet_markdown
+
+        if args.sheet == "questions":
+            text = question_sheet_markdown(args.lang, args.frequency)
+            return {"sheet": "questions", "markdown": text}, text
+        facts = [{"rule": f.rule, "example": f.example, "value": f.value} for f in numbers_to_know()]
+        return {"sheet": "numbers", "facts": facts}, "\n".join(f"{f['rule']}\n    {f['example']}: {f['value']}"
+                                                              for f in facts)
     path = Path(args.progress).expanduser() if args.progress else default_progress_path()
     progress = Progress.load(path)
     count = args.mock or args.count

@@ -181,3 +181,15 @@ def test_jupyter_trainer_grades_after_reveal_and_saves(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["history"][0]["grade"] == "good"
     box = trainer(2, seed=5, path=path)
     assert "practised 1 questions" in box.children[-1].value
+
+
+def test_cli_prints_the_printables(capsys: pytest.CaptureFixture[str]) -> None:
+    from memlib.drills.printables import numbers_to_know
+
+    assert main(["drill", "--sheet", "questions", "--frequency", "high", "--lang", "zh"]) == 0
+    sheet = capsys.readouterr().out
+    assert "## serving (推理服务)" in sheet and "Say first" not in sheet and "deep dive" not in sheet.lower()
+    assert main(["drill", "--sheet", "numbers", "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)["facts"]
+    assert [f["value"] for f in facts] == [f.value for f in numbers_to_know()]
+    assert any("2Ψ + 14Ψ/N" in f["rule"] for f in facts) and any("2 · L · n_kv" in f["rule"] for f in facts)

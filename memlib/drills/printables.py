@@ -13,11 +13,10 @@ from ..core.inference import kv_cache_bytes
 from ..core.parallel import bubble_fraction, korthikanti_layer_bytes
 from ..core.params import count_params
 from ..core.serve import decode_latency_s, serve_kv_bytes_per_token
-from ..viz.html_tables import html_table
 from .bank import TOPICS
 from .concepts import questions
 
-__all__ = ["Fact", "question_sheet_markdown", "numbers_to_know", "numbers_table"]
+__all__ = ["Fact", "question_sheet_markdown", "numbers_to_know"]
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,3 @@ def numbers_to_know() -> list[Fact]:
         Fact("Decode time per token ≥ weight bytes ÷ bandwidth", "Llama-3-8B fp16, H100, batch 1",
              f"{1e3 * decode_latency_s('llama-3-8b', gpu='h100-sxm'):.1f} ms"),
     ]
-
-
-def numbers_table() -> str:
-    """:func:`numbers_to_know` as one HTML reference table."""
-    return html_table(["rule", "example", "memlib's value"], [[f.rule, f.example, f.value] for f in numbers_to_know()],
-                      caption="Numbers to know, each worked by memlib (GB = 10⁹ bytes, GiB = 2³⁰).", align="llr")
