@@ -1,4 +1,5 @@
-"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1), oom (Chapter 16), rl (Chapter 18)."""
+"""The ``memlib`` command line: params, train, infer, plan, serve, trace (Chapter 1), oom (Chapter 16), rl
+(Chapter 18), drill (Drills part)."""
 from __future__ import annotations
 
 import argparse
@@ -222,10 +223,67 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also replay the step with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (Chapter 16)")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     _oom_parser(sub)
+    _drill_parser(sub)
     _add_examples(parser, "memlib")
     for name, sp in sub.choices.items():
         _add_examples(sp, name)
     return parser
+
+
+def _drill_parser(sub: Any) -> None:
+    """``memlib drill`` (Drills part): practise interview questions in the terminal, with Leitner boxes."""
+    d = sub.add_parser("drill", help="practise interview questions: reveal, self-grade, remember (Leitner boxes)")
+    d.add_argument("--topic", help="one topic (e.g. 'serving', 'OOM & allocator' or oom-allocator)")
+    d.add_argument("--frequency", help="high, medium or low: how often interviews ask it")
+    d.add_argument("--difficulty", help="E, M or H")
+    d.add_argument("--lang", default="en", help="en, zh or both (default en)")
+    d.add_argument("--mock", type=_positive_int, metavar="N", help="a timed mock interview of N questions")
+    d.add_argument("--seconds", type=_positive_int, default=None, help="seconds per mock question (default 120)")
+    d.add_argument("--seed", type=int, help="the same questions for the same seed")
+    d.add_argument("--count", type=_positive_int, default=10, help="questions to ask (default 10)")
+    d.add_argument("--progress", help="progress file (default $MEMLIB_DRILL_PROGRESS or ~/.memlib/drill_progress.json)")
+    d.add_argument("--json", action="store_true", help="print the chosen questions with answers as JSON; ask nothing")
+    d.add_argument("--sheet", choices=("questions", "numbers"),
+                   help="print a printable instead: the questions only, or the numbers to know")
+
+
+def _drill_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Run ``memlib drill``: choose the cards, then print them (--json) or ask them one by one."""
+    from pathlib import Path
+
+    from .core.errors import check_choice
+    from .drills.practice import LANGS, Progress, default_progress_path, select_cards
+    from .drills.terminal import DEFAULT_MOCK_SECONDS, card_dict, drill_session
+
+    check_choice("lang", args.lang, LANGS)
+    if args.sheet:
+        from .drills.printables import numbers_to_know, question_sheet_markdown
+
+        if args.sheet == "questions":
+            text = question_sheet_markdown(args.lang, args.frequency)
+            return {"sheet": "questions", "markdown": text}, text
+        facts = [{"rule": f.rule, "example": f.example, "value": f.value} for f in numbers_to_know()]
+        return {"sheet": "numbers", "facts": facts}, "\n".join(f"{f['rule']}\n    {f['example']}: {f['value']}"
+                                                              for f in facts)
+    path = Path(args.progress).expanduser() if args.progress else default_progress_path()
+    progress = Progress.load(path)
+    count = args.mock or args.count
+    cards = select_cards(count, args.seed, topic=args.topic, frequency=args.frequency,
+                         difficulty=args.difficulty, progress=progress)
+    if args.json:
+        return {"progress_file": str(path), "questions": [card_dict(c, args.lang) for c in cards]}, ""
+    print(f"progress file: {path}")
+    seconds = (args.seconds or DEFAULT_MOCK_SECONDS) if args.mock else None
+    out = drill_session(cards, lang=args.lang, progress=progress, path=path, ask=input, say=print,
+                        mock_seconds=seconds)
+    lines = [f"asked {out['asked']}; progress saved to {path}"]
+    if out["weakest_topics"]:
+        lines.append("weakest topics: " + ", ".join(out["weakest_topics"]))
+    if "mock" in out:
+        m = out["mock"]
+        lines.append(f"mock interview: {m['good']}/{m['asked']} good")
+        lines += [f"  {t:<26} {r['good']}/{r['asked']} good, {r['over_time']} over time" for t, r in m["topics"].items()]
+    return out, "\n".join(lines)
 
 
 def _oom_parser(sub: Any) -> None:
@@ -259,6 +317,8 @@ def _table(rows: list[tuple[str, Any]], title: str) -> str:
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.command == "oom":
         return _oom_run(args)
+    if args.command == "drill":
+        return _drill_run(args)
     if args.command == "params":
         from .measure.hf_config import count_params_any, load_any_config  # any causal LM transformers knows
 

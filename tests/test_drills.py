@@ -130,7 +130,9 @@ def test_bank_covers_every_chapter_with_forty_more() -> None:
 
 def _entry(**changes: object) -> dict[str, object]:
     """A valid bank entry, with ``changes`` applied (a value of None removes the key)."""
-    e: dict[str, object] = {"id": "x-1", "chapter": 6, "difficulty": "M", "topic": "ZeRO", "text": "What?",
+    e: dict[str, object] = {"id": "x-1", "chapter": 6, "difficulty": "M", "topic": "data parallel & ZeRO",
+                            "key": "ZeRO", "frequency": "high", "text": "What?", "text_zh": "什么？",
+                            "say": "**Stage 1** shards the optimizer states.", "say_zh": "**第一阶段**切分优化器状态。",
                             "answer": ["Stage 1 shards", "the optimizer states."]}
     e.update(changes)
     return {k: v for k, v in e.items() if v is not None}
@@ -148,7 +150,7 @@ def test_bank_is_a_data_file_shipped_with_the_package() -> None:
 
 def test_bank_entry_lines_are_joined_with_single_spaces() -> None:
     (q,) = parse_bank({"questions": [_entry(text="  What\n does  it  shard? ", answer=["a  b", " c"])]})
-    assert q.text == "What does it shard?" and q.answer == "a b c" and q.source == "book" and q.text_zh == ""
+    assert q.text == "What does it shard?" and q.answer == "a b c" and q.source == "book" and q.text_zh == "什么？"
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -161,6 +163,10 @@ def test_bank_entry_lines_are_joined_with_single_spaces() -> None:
     ({"answer": []}, r"answer must be a non-empty list of strings"),
     ({"answer": ["ok", 3]}, r"answer must be a non-empty list of strings"),
     ({"chapter": 17}, r"question 0 \('x-1'\): unknown chapter 17; expected one of: 1, 2"),
+    ({"topic": "ZeRO"}, r"question 0 \('x-1'\): unknown topic 'ZeRO'; expected one of: training memory, precision"),
+    ({"frequency": "often"}, r"unknown frequency 'often'; expected one of: high, medium, low"),
+    ({"say_zh": " "}, r"key, text_zh, say and say_zh must not be empty"),
+    ({"text_zh": None}, r"missing key 'text_zh'"),
     ({"difficulty": "X"}, r"question 0 \('x-1'\): unknown difficulty 'X'; expected one of: E, M, H"),
     ({"source": "blog"}, r"question 0 \('x-1'\): unknown source 'blog'"),
     ({"text": "   "}, r"id, text and answer must not be empty"),
@@ -192,9 +198,9 @@ def test_bank_round_trips_any_subset(indices: list[int]) -> None:
     for q in picked:
         words = q.answer.split(" ")
         e = _entry(id=q.id, chapter=q.chapter, difficulty=q.difficulty, topic=q.topic, text=q.text,
-                   answer=[" ".join(words[:3]), " ".join(words[3:])] if len(words) > 3 else [q.answer])
+                   answer=[" ".join(words[:3]), " ".join(words[3:])] if len(words) > 3 else [q.answer],
+                   key=q.key, frequency=q.frequency, text_zh=q.text_zh, say=q.say, say_zh=q.say_zh)
         e.update({"source": q.source} if q.source != "book" else {})
-        e.update({"text_zh": q.text_zh} if q.text_zh else {})
         entries.append(e)
     assert parse_bank({"about": ["x"], "questions": entries}) == tuple(picked)
 
@@ -208,7 +214,7 @@ def test_answers_have_numbers_from_memlib() -> None:
     numbers = answer_numbers()
     used = set()
     for q in QUESTIONS:
-        used |= set(re.findall(r"\{\{(\w+)\}\}", q.answer))
+        used |= set(re.findall(r"\{\{(\w+)\}\}", q.answer + q.say + q.say_zh))
         assert "{{" not in render_answer(q)
     assert used <= set(numbers)
     assert set(numbers) - used == set(), f"computed but never quoted: {sorted(set(numbers) - used)}"
@@ -224,7 +230,9 @@ def test_answers_have_numbers_from_memlib() -> None:
 def test_markdown_has_dropdown_and_chapter() -> None:
     q = QUESTIONS[0]
     md = question_markdown(q, 7)
-    assert md.startswith("**Question 7 [M] [training memory].** (Tips notes, top) 训练一个模型")
+    assert md.startswith("**Question 7 [M] [training memory].** (Tips notes, top) How much GPU memory")
+    assert "(训练一个模型需要多少显存？怎么计算？)" in md and "**Say first:** " in md and "**先说：** " in md
+    assert md.index("```{dropdown}") < md.index("**Say first:**") < md.index("**Deep dive:**")
     assert "```{dropdown} Answer" in md and md.rstrip().endswith("```")
     assert f"*Proved in {{doc}}`Chapter {q.chapter} <../chapters/{CHAPTER_PAGES[q.chapter]}>` (" in md
     chapter = chapter_markdown(6, start=3)
@@ -386,7 +394,7 @@ def test_mfu_drill_uses_the_chapter_formula() -> None:
             s["model"]).q_dim * s["seq_len"]
         assert per_token == palm_flops(s["model"], 1, s["seq_len"]) / s["seq_len"]
         assert d.answer == pytest.approx(100 * per_token * s["tokens_per_s"] / s["peak_flops"], rel=1e-12)
-        assert f"{s['seq_len']}-token sequences" in d.question and "6·N + 12·L·H·Q·T" in d.question
+        assert f"{s['seq_len']}-token sequences" in d.question and "6·N + 12·L·H·Q·T" in d.hint and "6·N" not in d.question
         assert s["seq_len"] <= load_config(s["model"]).max_position_embeddings
     # at long sequences 6 × all parameters is outside the band: the drill tests the attention term
     long = next(generate("mfu", k) for k in range(200) if generate("mfu", k).settings["seq_len"] >= 4096
@@ -489,10 +497,12 @@ def test_serving_questions_and_drills_use_memlib_serve() -> None:
     from memlib.core.serve import decode_latency_s, serve
 
     serving = questions(chapter=14)
-    topics = {q.topic for q in serving}
-    assert len(serving) >= 10
-    assert {"continuous batching", "PagedAttention", "prefix caching", "chunked prefill", "speculative decoding",
-            "KV quantization", "decode latency", "MBU"} <= topics
+    serving_topic = questions(topic="serving")
+    assert len(serving) >= 10 and len(serving_topic) >= 10
+    text = " ".join(q.text + q.answer for q in serving)
+    for term in ("continuous batching", "PagedAttention", "prefix caching", "chunked prefill", "speculative",
+                 "fp8", "decode", "MBU", "TTFT", "TPOT", "disaggregation", "preempt", "CUDA graph"):
+        assert term.lower() in text.lower(), term
     numbers = answer_numbers()
     fit = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192)
     assert numbers["srv_blocks"].value == f"{fit.num_blocks:,}" == "28,321"

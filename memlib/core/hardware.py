@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from .dtypes import GiB
 from .errors import MemlibError
 
-__all__ = ["GpuSpec", "GPUS", "GPU_MEMORY", "GPU_MEMORY_MENU_GIB", "SERVE_GPUS", "LINK_BANDWIDTH", "PCIE_GT_PER_S", "pcie_bandwidth",
-           "gpu_names", "get_gpu", "match_gpu"]
+__all__ = ["GpuSpec", "GPUS", "H20", "GPU_MEMORY", "GPU_MEMORY_MENU_GIB", "SERVE_GPUS", "LINK_BANDWIDTH", "PCIE_GT_PER_S",
+           "pcie_bandwidth", "gpu_names", "get_gpu", "match_gpu"]
 
 #: Transfer rate of one PCIe lane, in GT/s, by generation (PCI-SIG base specifications 3.0, 4.0, 5.0).
 PCIE_GT_PER_S: dict[int, int] = {3: 8, 4: 16, 5: 32}
@@ -160,6 +160,9 @@ _B200_DS = ("NVIDIA DGX B200 datasheet (nvidia.com/en-us/data-center/dgx-b200): 
             "(180 GB each), 64 TB/s HBM3e (8 TB/s each), NVLink 1.8 TB/s per GPU; per-GPU dense peaks of the HGX "
             "B200 at 1,000 W from NVIDIA's Blackwell datasheet: FP16/BF16 2.25 | 4.5* PFLOPS, FP8 4.5 | 9*, TF32 "
             "1.1 | 2.2*, FP32 80 TFLOPS; *with sparsity")
+_H20_PB = ("NVIDIA H20 (HGX H20, the China-market Hopper) product brief as reported by SemiAnalysis and vendors, "
+           "2023-11: 96 GB HBM3, 4.0 TB/s; FP8 296 TFLOPS, BF16/FP16 148, TF32 74, FP32 44 (dense); NVLink 900 GB/s, "
+           "PCIe Gen5 128 GB/s; NVIDIA publishes no public datasheet page for it")
 _V100_DS = ("NVIDIA Tesla V100 datasheet (nvidia.com/en-us/data-center/v100): SXM2 Tensor Performance 125 TFLOPS, "
             "single precision 15.7 TFLOPS, 32/16 GB HBM2, 900 GB/s; NVLink 300 GB/s, PCIe (Gen3) 32 GB/s")
 _T4_DS = ("NVIDIA T4 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/tesla-t4): mixed precision FP16/FP32 "
@@ -215,6 +218,11 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             4500.0, 4500.0, 5, 1800 * _G, _B200_DS,
             "HGX B200 (1,000 W); nvidia-smi shows about 179 GiB; the first Blackwell announcement said 192 GB"),
 ]}
+
+#: The H20 (China-market Hopper), kept out of :data:`GPUS` (whose table the chapters print) until a chapter
+#: adds it; the drills' serving questions use it (:func:`memlib.core.cluster.min_gpus_serve` takes a GpuSpec).
+H20 = GpuSpec("h20", "H20 96 GB", "Hopper", 148.0, 148.0, 74.0, 44.0, 96 * GiB, 4000 * _G, "HBM3", None, 296.0, 5,
+              900 * _G, _H20_PB, "a sixth of H100's compute, more memory bandwidth: built for decode")
 
 #: Memory of every GPU of :data:`GPUS`, in bytes (binary), keyed by short name (``"rtx-4090"``: 24 GiB).
 GPU_MEMORY: dict[str, int] = {name: g.memory_bytes for name, g in GPUS.items()}

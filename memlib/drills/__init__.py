@@ -16,15 +16,21 @@ never :mod:`memlib.measure`. Dependency direction inside (``tests/test_import_cy
   tolerance; :func:`make_drills` and :func:`drill_mode` ask N random drills and return a score, deterministic
   for a given seed. New kinds are one decorated function (see :func:`drill_kind`).
 * :mod:`~memlib.drills.numeric` — the registered kinds, each answered by a memlib function.
-* :mod:`~memlib.drills.widgets` — the ipywidgets flashcard (ipywidgets imported only when one is built).
+* :mod:`~memlib.drills.widgets` — the ipywidgets flashcard and the Jupyter trainer (ipywidgets imported only when
+  one is built).
+* :mod:`~memlib.drills.practice` — the practice loop that remembers: cards, seeded selection, Leitner boxes in a
+  JSON file, weakest topics, the mock interview's report, and the bank exported for the static practice page.
+* :mod:`~memlib.drills.terminal` — ``memlib drill``'s session (input, output and clock injected).
+* :mod:`~memlib.drills.printables` — the question-only sheet and the numbers-to-know table.
 """
 from __future__ import annotations
 
 from . import engine as _engine
 from . import numeric as _numeric  # noqa: F401  (registers the drill kinds, in the order of DRILL_KINDS)
 from .answers import Number, answer_numbers
-from .bank import CHAPTER_PAGES, CHAPTERS, DIFFICULTIES, QUESTIONS, SEED_QUESTIONS_ZH, SOURCES, Question
-from .concepts import chapter_markdown, find_question, question_markdown, questions, render_answer
+from .bank import (CHAPTER_PAGES, CHAPTERS, DIFFICULTIES, FREQUENCIES, QUESTIONS, SEED_QUESTIONS_ZH, SOURCES, TOPICS,
+                   Question)
+from .concepts import chapter_markdown, find_question, question_markdown, questions, render_answer, render_say, say_words
 from .engine import (
     BYTE_UNITS,
     DRILL_KINDS,
@@ -50,12 +56,16 @@ __all__ = [
     "CHAPTER_PAGES",
     "DIFFICULTIES",
     "SOURCES",
+    "TOPICS",
+    "FREQUENCIES",
     "Question",
     "Number",
     "QUESTIONS",
     "SEED_QUESTIONS_ZH",
     "answer_numbers",
     "render_answer",
+    "render_say",
+    "say_words",
     "questions",
     "find_question",
     "question_markdown",

@@ -233,6 +233,7 @@ def answer_numbers() -> dict[str, Number]:
             f"get_allocation_size(round_size({nbytes:,d})): the segment a new cudaMalloc takes")
     put("block100b", f"{round_size(100)} B", "round_size(100): kMinBlockSize")
     _rl_numbers(put)
+    _cluster_numbers(put)
     return n
 
 
@@ -258,6 +259,38 @@ def _rl_numbers(put: Callable[[str, str, str], None]) -> None:
     put("rl_ppo", _gib(ppo.peak_bytes, 1), "estimate_rl('qwen2.5-7b', RLSetup(algo='ppo', prompts=8), ZeRO-3 × 8)"
         ".peak_bytes")
     put("rl_grpo", _gib(est.peak_bytes, 1), f"{call}.peak_bytes")
+
+
+def _cluster_numbers(put: Callable[[str, str, str], None]) -> None:
+    """The whiteboard cluster questions' numbers (issue 34: :mod:`memlib.core.cluster`)."""
+    from ..core.cluster import (allreduce_time_s, critical_batch, min_gpus_serve, prefill_time,
+                                ring_allreduce_bytes, train_days)
+
+    put("td7", f"{train_days(7e9, 1e12, 64, 'h100-sxm', 0.4):.0f} days",
+        "train_days(7e9, 1e12, 64, 'h100-sxm', 0.4): 6·N·D ÷ (64 × 989.5e12 × 0.4)")
+    put("td7_flops", f"{6 * 7e9 * 1e12:.1e} FLOPs", "6 × 7e9 × 1e12")
+    grads = 7e9 * 2
+    put("ar7_gb", _gb(ring_allreduce_bytes(grads, 64), 1), "ring_allreduce_bytes(14e9, 64): 2 × 63/64 × 14 GB")
+    put("ar7_s", f"{allreduce_time_s(grads, 64, 400e9 / 8):.2f} s", "allreduce_time_s(14e9, 64, 50e9)")
+    put("cb_h100", f"{critical_batch('h100-sxm', 'bf16', 2.0)}", "critical_batch('h100-sxm'): ⌈ridge × 2 / 2⌉")
+    put("ridge_h100", f"{get_gpu('h100-sxm').ridge_point('bf16'):.0f} FLOP/byte",
+        "get_gpu('h100-sxm').ridge_point('bf16'): 989.5e12 / 3.35e12")
+    put("cb_h100_fp8", f"{critical_batch('h100-sxm', 'fp8', 1.0)}", "critical_batch('h100-sxm', 'fp8', 1.0)")
+    t = prefill_time("llama-3-8b", 2048)
+    put("ttft8b_2k", f"{1e3 * t.seconds:.0f} ms", "prefill_time('llama-3-8b', 2048).seconds (compute-bound)")
+    put("ttft8b_mem", f"{1e3 * t.memory_s:.1f} ms", "prefill_time('llama-3-8b', 2048).memory_s: weights ÷ bandwidth")
+    for gpu in ("h100-sxm", "h200", "h20"):
+        fit = min_gpus_serve("deepseek-v3", gpu, "fp8", concurrency=64, context_len=4096)
+        put(f"v3_gpus_{gpu.split('-')[0]}", f"{fit.num_gpus}",
+            f"min_gpus_serve('deepseek-v3', '{gpu}', 'fp8', concurrency=64, context_len=4096).num_gpus")
+    fit = min_gpus_serve("deepseek-v3", "h200", "fp8", concurrency=64, context_len=4096)
+    put("v3_w_fp8", _gb(fit.weight_bytes, 0), "count_params('deepseek-v3').params × 1 byte")
+    put("v3_kv64", _gb(fit.kv_bytes, 1), "serve_kv_bytes_per_token('deepseek-v3') × 64 × 4096")
+    from ..core.serve import serve_kv_bytes_per_token as kvtok
+
+    put("pd_kv_gqa", _gb(kvtok("llama-3-70b") * 4096, 2), "serve_kv_bytes_per_token('llama-3-70b') × 4096")
+    put("pd_kv_mla", _gb(kvtok("deepseek-v3") * 4096, 2), "serve_kv_bytes_per_token('deepseek-v3') × 4096")
+    put("fp8_w7", _gb(7e9, 0), "7e9 parameters × 1 byte (an fp8 copy instead of bf16 saves this much)")
 
 
 def _moe_numbers(put: Callable[[str, str, str], None]) -> None:

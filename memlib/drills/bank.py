@@ -20,6 +20,9 @@ __all__ = [
     "CHAPTER_PAGES",
     "DIFFICULTIES",
     "SOURCES",
+    "TOPICS",
+    "FREQUENCIES",
+    "SAY_MAX_WORDS",
     "BANK_FILE",
     "Question",
     "parse_bank",
@@ -58,6 +61,18 @@ CHAPTER_PAGES: dict[int, str] = {
 }
 DIFFICULTIES = ("E", "M", "H")
 SOURCES = ("Tips notes, top", "Tips notes §八", "Strategies notes", "book")
+#: The practice topics (at most 15), English name → Chinese name; every question has one.
+TOPICS: dict[str, str] = {
+    "training memory": "训练显存", "precision": "数值精度", "activations & recompute": "激活与重算",
+    "data parallel & ZeRO": "数据并行与 ZeRO", "offload": "卸载", "optimizers & fine-tuning": "优化器与微调",
+    "attention": "注意力", "parallelism": "模型并行", "MoE": "MoE", "inference & KV cache": "推理与 KV cache",
+    "serving": "推理服务", "quantization": "量化", "profiling & MFU": "性能分析与 MFU",
+    "OOM & allocator": "OOM 与分配器", "post-training": "后训练",
+}
+#: How often 2025–2026 interviews ask a question.
+FREQUENCIES = ("high", "medium", "low")
+#: The most words a spoken answer (``say``) may have.
+SAY_MAX_WORDS = 40
 
 
 @dataclass(frozen=True)
@@ -69,12 +84,17 @@ class Question:
             Strategies notes', ``"b06-2"`` for the book's).
         chapter: the chapter that proves the answer (see :data:`CHAPTERS`).
         difficulty: ``"E"`` (easy), ``"M"`` (medium) or ``"H"`` (hard).
-        topic: a short topic tag (``"ZeRO"``).
+        topic: one of :data:`TOPICS` (``"data parallel & ZeRO"``).
         text: the question in English (a translation for the source notes' questions).
         answer: the model answer in MyST Markdown; ``{{name}}`` placeholders are numbers from
             :func:`memlib.drills.answers.answer_numbers`.
         source: ``"Tips notes, top"``, ``"Tips notes §八"``, ``"Strategies notes"`` or ``"book"``.
-        text_zh: the original Chinese wording, for the source notes' questions ("" for the book's own).
+        text_zh: the question in Chinese (the source notes' original wording for theirs).
+        key: a term the chapter's page contains (``"ZeRO"``); a test checks the "Proved in" link with it.
+        frequency: ``"high"``, ``"medium"`` or ``"low"`` (:data:`FREQUENCIES`).
+        say: the spoken answer a candidate gives first (at most :data:`SAY_MAX_WORDS` words, the key number in
+            bold); ``answer`` is the deep dive that follows.
+        say_zh: the spoken answer in Chinese.
     """
 
     id: str
@@ -85,8 +105,14 @@ class Question:
     answer: str
     source: str = "book"
     text_zh: str = ""
+    key: str = ""
+    frequency: str = "medium"
+    say: str = ""
+    say_zh: str = ""
 
     def __post_init__(self) -> None:
+        check_choice("topic", self.topic, TOPICS)
+        check_choice("frequency", self.frequency, FREQUENCIES)
         check_choice("difficulty", self.difficulty, DIFFICULTIES)
         check_choice("source", self.source, SOURCES)
         check_choice("chapter", self.chapter, CHAPTERS)
@@ -94,8 +120,9 @@ class Question:
 
 #: The bank's file name inside the ``memlib.drills`` package.
 BANK_FILE = "bank.json"
-_REQUIRED = {"id": str, "chapter": int, "difficulty": str, "topic": str, "text": str, "answer": list}
-_OPTIONAL = {"source": str, "text_zh": str}
+_REQUIRED = {"id": str, "chapter": int, "difficulty": str, "topic": str, "key": str, "frequency": str, "text": str,
+             "text_zh": str, "say": str, "say_zh": str, "answer": list}
+_OPTIONAL = {"source": str}
 _TOP_KEYS = ("about", "questions")
 
 
@@ -119,12 +146,15 @@ def _entry(raw: Any, index: int, origin: str) -> Question:
     if not lines or not all(isinstance(line, str) for line in lines):
         raise MemlibError(f"{name}: answer must be a non-empty list of strings (lines joined with spaces)")
     answer = " ".join(" ".join(lines).split())
-    text = " ".join(raw["text"].split())
+    text, say = " ".join(raw["text"].split()), " ".join(raw["say"].split())
     if not raw["id"].strip() or not text or not answer:
         raise MemlibError(f"{name}: id, text and answer must not be empty")
+    if not all(raw[k].strip() for k in ("key", "text_zh", "say", "say_zh")):
+        raise MemlibError(f"{name}: key, text_zh, say and say_zh must not be empty")
     try:
         return Question(raw["id"], raw["chapter"], raw["difficulty"], raw["topic"], text, answer,
-                        raw.get("source", "book"), raw.get("text_zh", ""))
+                        raw.get("source", "book"), raw["text_zh"].strip(), raw["key"].strip(), raw["frequency"],
+                        say, raw["say_zh"].strip())
     except MemlibError as err:
         raise MemlibError(f"{name}: {err}") from None
 
@@ -186,4 +216,4 @@ QUESTIONS: tuple[Question, ...] = load_bank()
 
 #: The 16 interview questions of the two source notes, verbatim, in bank order (the Tips notes: 6 at the top and 4
 #: in §八; the Strategies notes: 6 at the end).
-SEED_QUESTIONS_ZH: tuple[str, ...] = tuple(q.text_zh for q in QUESTIONS if q.text_zh)
+SEED_QUESTIONS_ZH: tuple[str, ...] = tuple(q.text_zh for q in QUESTIONS if q.source != "book")

@@ -71,6 +71,7 @@ class Drill:
         chapter: the chapter that teaches it.
         explanation: how memlib computed the answer.
         settings: the randomized parameters.
+        hint: the formula to use, shown behind a Hint button (never in the question); "" if none.
     """
 
     kind: str
@@ -84,6 +85,7 @@ class Drill:
     chapter: int
     explanation: str
     settings: dict[str, Any] = field(default_factory=dict, compare=False)
+    hint: str = ""
 
     @property
     def tolerance_text(self) -> str:

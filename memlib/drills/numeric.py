@@ -18,7 +18,9 @@ from ..core.errors import check_choice
 from ..core.estimate import KV_DTYPES, estimate_inference, korthikanti_activation_bytes, state_bytes_per_param
 from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
-from ..core.hardware import SERVE_GPUS, get_gpu
+from ..core.cluster import (allreduce_time_s, critical_batch, min_gpus_serve, prefill_time,
+                             ring_allreduce_bytes, train_days)
+from ..core.hardware import H20, SERVE_GPUS, get_gpu
 from ..core.lora import lora_params
 from ..core.parallel import bubble_fraction, in_flight, korthikanti_layer_bytes
 from ..core.params import count_params
@@ -377,16 +379,16 @@ def _mfu(rng: random.Random, seed: int) -> Drill:
     value = 100 * per_token * tokens / peak
     n_all = count_params(model).params
     q = (f"Training {model} on {s}-token sequences runs at {tokens:,} tokens/s per {gpu} (dense bf16 peak "
-         f"{peak / 1e12:g} TFLOP/s). Counting 6·N + 12·L·H·Q·T FLOPs per token (Chapter 12), with "
-         f"N = {n_mm / 1e9:.3g} B matmul weights (the LM head in, the embedding lookup out), L = {cfg.num_layers} "
-         f"layers, H = {cfg.num_heads} heads of Q = {cfg.head_dim} and T = {s}, what is the model FLOPs "
-         f"utilization, in %?")
+         f"{peak / 1e12:g} TFLOP/s). It has {n_mm / 1e9:.3g} B matmul weights (the LM head in, the embedding "
+         f"lookup out), {cfg.num_layers} layers and {cfg.num_heads} heads of dimension {cfg.head_dim}, counting "
+         f"attention's FLOPs (PaLM's count). What is the model FLOPs utilization, in %?")
     how = (f"(6 × {n_mm:,} + 12 × {cfg.num_layers} × {cfg.num_heads} × {cfg.head_dim} × {s}) = "
            f"{per_token / 1e9:.2f} GFLOP per token (palm_flops('{model}', 1, {s}) / {s}), × {tokens:,} / "
            f"{peak:.4g}. 6 × all {n_all / 1e9:.2f} B parameters would give {100 * 6 * n_all * tokens / peak:.1f} %")
     return Drill("mfu", seed, q, value, "%", 0.02, 0.2, "M", 12, how,
                  {"model": model, "gpu": gpu, "tokens_per_s": tokens, "seq_len": s, "peak_flops": peak,
-                  "matmul_params": n_mm})
+                  "matmul_params": n_mm}, hint="6·N + 12·L·H·Q·T FLOPs per token (N matmul weights, L layers, H "
+                                               "heads of Q, T tokens) × tokens/s ÷ peak")
 
 
 @drill_kind("effective_batch", 5, "effective batch from micro-batch, accumulation and data-parallel GPUs")
@@ -493,3 +495,100 @@ def _dp_degree(rng: random.Random, seed: int) -> Drill:
     q = f"{n:,} GPUs with tensor parallel {t}, pipeline parallel {p} and context parallel {c}: how many data-parallel replicas?"
     return Drill("dp_degree", seed, q, float(dp), "replicas", 0.0, 0.01, "E", 15, f"{n} / ({t} · {p} · {c})",
                  {"num_gpus": n, "tp": t, "pp": p, "cp": c})
+
+
+# --- Cluster arithmetic (issue 34): the formula is the hint, never in the question ---
+
+_LINKS_GBIT = (100, 200, 400)  # InfiniBand/RoCE per-GPU line rates, Gb/s
+
+
+@drill_kind("train_days", 12, "days to train N parameters on D tokens on a cluster at an MFU")
+def _train_days(rng: random.Random, seed: int) -> Drill:
+    billions = rng.choice((1, 3, 7, 8, 13, 34, 70))
+    tera = rng.choice((0.3, 1, 2, 15))
+    gpus = rng.choice((8, 64, 256, 1024, 2048))
+    gpu, name = rng.choice((("A100", "a100-80gb"), ("H100", "h100-sxm")))
+    mfu = rng.choice((0.3, 0.4, 0.5))
+    days = train_days(billions * 1e9, tera * 1e12, gpus, name, mfu)
+    peak = get_gpu(name).peak_flops("bf16")
+    q = (f"A {billions}B-parameter dense model is pre-trained on {tera:g} trillion tokens on {gpus:,} {gpu}s "
+         f"(dense bf16 peak {peak / 1e12:g} TFLOP/s each) at {100 * mfu:g} % MFU. How many days does it take?")
+    how = (f"6 × {billions}e9 × {tera:g}e12 = {6 * billions * tera * 1e21:.3g} FLOPs ÷ ({gpus:,} × {peak:.4g} × "
+           f"{mfu:g}) ÷ 86,400 s (train_days)")
+    return Drill("train_days", seed, q, days, "days", 0.05, 0.05, "M", 12, how,
+                 {"params": billions * 10**9, "tokens": tera * 1e12, "num_gpus": gpus, "gpu": name, "mfu": mfu},
+                 hint="6·N·D FLOPs ÷ (GPUs · peak · MFU); a day is 86,400 s")
+
+
+@drill_kind("allreduce_time", 15, "least time of a ring all-reduce of the gradients over the network")
+def _allreduce_time(rng: random.Random, seed: int) -> Drill:
+    billions = rng.choice((1, 7, 8, 13, 70))
+    gpus = rng.choice((8, 16, 64, 256))
+    gbit = rng.choice(_LINKS_GBIT)
+    nbytes = billions * 1e9 * 2
+    s = allreduce_time_s(nbytes, gpus, gbit * 1e9 / 8)
+    q = (f"Data parallelism over {gpus} GPUs all-reduces the bf16 gradients of a {billions}B-parameter model with a "
+         f"ring; each GPU's network link carries {gbit} Gb/s. Ignoring latency and overlap, what is the least time "
+         f"of one all-reduce, in s?")
+    how = (f"2 × ({gpus} − 1)/{gpus} × {nbytes / 1e9:g} GB = {ring_allreduce_bytes(nbytes, gpus) / 1e9:.2f} GB per "
+           f"GPU ÷ {gbit / 8:g} GB/s (allreduce_time_s)")
+    return Drill("allreduce_time", seed, q, s, "s", 0.03, 0.005, "M", 15, how,
+                 {"params": billions * 10**9, "num_gpus": gpus, "link_gbit_s": gbit},
+                 hint="ring all-reduce: each GPU sends 2(N − 1)/N × bytes; time = that ÷ link bandwidth "
+                      "(Gb/s ÷ 8 = GB/s)")
+
+
+@drill_kind("prefill_time", 14, "least time to first token of one prompt: FLOPs ÷ peak vs bytes ÷ bandwidth")
+def _prefill_time(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(("qwen2-0.5b", "llama-2-7b", "llama-3-8b", "mistral-7b", "llama-2-13b"))
+    gpu = get_gpu(rng.choice(("a100-80gb", "h100-sxm", "h200")))
+    prompt = rng.choice(_seq_lens(model, (16, 128, 512, 2048, 4096)))
+    t = prefill_time(model, prompt, gpu.name)
+    q = (f"{model} in bf16 prefills one {prompt}-token prompt on one {gpu.full_name} (dense bf16 peak "
+         f"{gpu.peak_flops('bf16') / 1e12:g} TFLOP/s, {gpu.bandwidth_gb_s:,.0f} GB/s). At 100 % of whichever "
+         f"resource limits it, what is the least time to first token, in ms?")
+    how = (f"compute {1e3 * t.compute_s:.2f} ms (forward FLOPs, causal attention ÷ peak), memory "
+           f"{1e3 * t.memory_s:.2f} ms (weights ÷ bandwidth): {t.bound}-bound (prefill_time('{model}', {prompt}))")
+    return Drill("prefill_time", seed, q, 1e3 * t.seconds, "ms", 0.05, 0.01, "M", 14, how,
+                 {"model": model, "gpu": gpu.name, "prompt_len": prompt},
+                 hint="max(≈2·N·tokens FLOPs ÷ peak, weight bytes ÷ bandwidth); long prompts are compute-bound")
+
+
+@drill_kind("arith_intensity", 12, "batch at which a decode matmul turns compute-bound (roofline ridge point)")
+def _arith_intensity(rng: random.Random, seed: int) -> Drill:
+    gpu = get_gpu(rng.choice(("a100-80gb", "h100-sxm", "h200", "l40s")))
+    fmt, nbytes, dt = rng.choice((("bf16", 2.0, "bf16"), ("bf16", 2.0, "bf16"), ("fp8", 1.0, "fp8")))
+    if gpu.fp8_tflops is None:
+        fmt, nbytes, dt = "bf16", 2.0, "bf16"
+    b = critical_batch(gpu.name, dt, nbytes)
+    q = (f"A decode step multiplies a batch of b token vectors by a {fmt} weight matrix on one {gpu.full_name} "
+         f"(dense {dt} peak {gpu.peak_flops(dt) / 1e12:g} TFLOP/s, {gpu.bandwidth_gb_s:,.0f} GB/s). From what "
+         f"batch b is the matmul compute-bound rather than memory-bound?")
+    how = (f"ridge point {gpu.ridge_point(dt):.0f} FLOP/byte; intensity 2b ÷ {nbytes:g} bytes per weight "
+           f"(decode_intensity) reaches it at b = {b} (critical_batch)")
+    return Drill("arith_intensity", seed, q, float(b), "sequences", 0.05, 1.0, "H", 12, how,
+                 {"gpu": gpu.name, "weights": fmt},
+                 hint="intensity = 2·b·k·n FLOPs ÷ (k·n·bytes per weight) = 2b ÷ bytes; compare with peak ÷ "
+                      "bandwidth")
+
+
+@drill_kind("min_gpus_serve", 14, "fewest GPUs (power of two) holding a model's weights and the KV cache it serves")
+def _min_gpus_serve(rng: random.Random, seed: int) -> Drill:
+    model = rng.choice(("deepseek-v3", "deepseek-v3", "llama-3-70b", "llama-2-70b", "mixtral-8x7b"))
+    gpu = rng.choice(("h100-sxm", "h200", "h20", "a100-80gb"))
+    weights = rng.choice(("fp8", "bf16")) if gpu != "a100-80gb" else rng.choice(("bf16", "int8"))
+    users = rng.choice((16, 64, 256))
+    ctx = rng.choice((4096, 8192, 32768))
+    fit = min_gpus_serve(model, gpu, weights, users, ctx)
+    spec = H20 if gpu == "h20" else get_gpu(gpu)
+    attn = "MLA latent KV" if model.startswith("deepseek") else "GQA KV"
+    q = (f"Serve {model} with {weights} weights on {spec.full_name} GPUs ({spec.memory_gib:g} GiB each, 90 % usable) "
+         f"for {users} concurrent requests of {ctx:,} tokens with an fp16 {attn} cache. What is the fewest GPUs, "
+         f"a power of two, that holds it?")
+    how = (f"weights {_gb(fit.weight_bytes, 0)} + KV {_gb(fit.kv_bytes, 1)} ({serve_kv_bytes_per_token(model):,} "
+           f"bytes per token × {users} × {ctx:,}) ÷ {_gb(fit.usable_bytes_per_gpu, 1)} per GPU, rounded up to a "
+           f"power of two (min_gpus_serve)")
+    return Drill("min_gpus_serve", seed, q, float(fit.num_gpus), "GPUs", 0.0, 0.5, "H", 14, how,
+                 {"model": model, "gpu": gpu, "weights": weights, "concurrency": users, "context_len": ctx},
+                 hint="parameters × bytes per weight + KV bytes per token × requests × context; divide by usable "
+                      "memory per GPU")

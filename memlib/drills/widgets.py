@@ -9,7 +9,7 @@ from .bank import CHAPTERS
 from .engine import Drill, grade, make_drills, parse_answer
 from ..core.errors import MemlibError
 
-__all__ = ["CardState", "check_card", "reveal_card", "next_card", "flashcard_widget"]
+__all__ = ["CardState", "check_card", "reveal_card", "next_card", "flashcard_widget", "TrainerState", "trainer"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,86 @@ def flashcard_widget(seed: int = 0, kinds: Iterable[str] | None = None) -> Any:
     show(state["card"])
     return w.VBox([question, w.HBox([box, check, reveal, nxt]), feedback])
 
+
+
+class TrainerState:
+    """The Jupyter trainer's logic without widgets (tested directly): the cards, the one on show, the progress.
+
+    Introduced in the Drills part. Same rules as ``memlib drill`` and the web page (:mod:`memlib.drills.practice`).
+    """
+
+    def __init__(self, count: int = 10, seed: int | None = None, topic: str | None = None,
+                 frequency: str | None = None, path: Any = None) -> None:
+        from .practice import Progress, default_progress_path, select_cards
+
+        self.path = default_progress_path() if path is None else path
+        self.progress = Progress.load(self.path)
+        self.cards = select_cards(count, seed, topic=topic, frequency=frequency, progress=self.progress)
+        self.index = 0
+        self.revealed = False
+
+    @property
+    def card(self) -> Any:
+        """The card on show, or None after the last one."""
+        return self.cards[self.index] if self.index < len(self.cards) else None
+
+    def grade(self, grade_name: str) -> int:
+        """Grade the card on show (again, hard, good), save the progress, move on; return the card's new box."""
+        if self.card is None or not self.revealed:
+            raise MemlibError("reveal the answer before grading it")
+        box = self.progress.grade(self.card, grade_name)
+        self.progress.save(self.path)
+        self.index += 1
+        self.revealed = False
+        return box
+
+
+def trainer(count: int = 10, seed: int | None = None, topic: str | None = None, frequency: str | None = None,
+            lang: str = "both", path: Any = None) -> Any:
+    """The interview trainer in Jupyter: question, Reveal, Again / Hard / Good, progress and weakest topics.
+
+    Introduced in the Drills part; progress is the terminal's JSON file (``memlib drill``).
+    """
+    try:
+        import ipywidgets as w
+    except ImportError:  # pragma: no cover
+        raise ImportError("the trainer needs ipywidgets: pip install ipywidgets") from None
+    import html
+
+    st = TrainerState(count, seed, topic, frequency, path)
+    question, answer, status = w.HTML(), w.HTML(), w.HTML()
+    reveal = w.Button(description="Reveal")
+    grades = [w.Button(description=g.capitalize()) for g in ("again", "hard", "good")]
+
+    def bold(text: str) -> str:
+        import re
+
+        return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+
+    def show() -> None:
+        c = st.card
+        if c is None:
+            question.value, answer.value = "<b>Done.</b>", ""
+        else:
+            question.value = f"<b>[{c.difficulty}] [{c.topic}]</b> {bold(c.question(lang))}".replace("\n", "<br>")
+            answer.value = (f"<p><b>Say first:</b> {bold(c.spoken(lang))}</p><p><b>Deep dive:</b> {bold(c.answer)}</p>"
+                            .replace("\n", "<br>") if st.revealed else "")
+        weak = ", ".join(t for t, _ in st.progress.weakest_topics())
+        status.value = (f"practised {len(st.progress.boxes)} questions; weakest topics: {weak or '—'}; "
+                        f"progress file {html.escape(str(st.path))}")
+        for b in grades:
+            b.disabled = not st.revealed
+
+    def on_reveal(_: Any) -> None:
+        st.revealed = st.card is not None
+        show()
+
+    def on_grade(b: Any) -> None:
+        st.grade(b.description.lower())
+        show()
+
+    reveal.on_click(on_reveal)
+    for b in grades:
+        b.on_click(on_grade)
+    show()
+    return w.VBox([question, w.HBox([reveal, *grades]), answer, status])

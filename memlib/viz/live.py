@@ -47,12 +47,12 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 #: zip by the book build).
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/allocator", "core/attention_terms", "core/autocast", "core/categories",
-    "core/checkpointing", "core/choices", "core/configs", "core/dtypes", "core/errors", "core/estimate",
+    "core/checkpointing", "core/choices", "core/cluster", "core/configs", "core/dtypes", "core/errors", "core/estimate",
     "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks/__init__",
     "core/frameworks/base", "core/frameworks/deepspeed", "core/frameworks/fsdp2", "core/frameworks/megatron",
-    "core/frameworks/pytorch", "core/hardware",
+    "core/frameworks/pytorch", "core/frameworks/torchtitan", "core/hardware",
     "core/hub", "core/inference", "core/lora", "core/offload", "core/parallel",
-    "core/params", "core/plan", "core/rl", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
+    "core/params", "core/plan", "core/rl", "core/schedules", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
     "core/terms", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
 )
