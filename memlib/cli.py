@@ -128,10 +128,21 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--weights", choices=tuple(WEIGHT_FORMATS), default="fp16")
     sv.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
                     help=f"tokens per KV block, a power of two (default {DEFAULT_BLOCK_SIZE})")
-    sv.add_argument("--max-num-batched-tokens", type=_positive_int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                    help=f"tokens per scheduler step / prefill chunk (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
-    sv.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS,
-                    help=f"requests per scheduler step (default {DEFAULT_MAX_NUM_SEQS})")
+    sv.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                    help="tokens per scheduler step / prefill chunk (default: vLLM's for the GPU and version; "
+                         f"{DEFAULT_MAX_NUM_BATCHED_TOKENS} with --vllm-version book)")
+    sv.add_argument("--max-num-seqs", type=_positive_int, default=None,
+                    help="requests per scheduler step (default: vLLM's for the GPU and version; "
+                         f"{DEFAULT_MAX_NUM_SEQS} with --vllm-version book)")
+    from .core.vllm_engine import CURRENT_VLLM_VERSION, VLLM_ENTRY_POINTS, VLLM_RELEASES
+
+    sv.add_argument("--vllm-version", default=CURRENT_VLLM_VERSION,
+                    help=f"the vLLM release whose start-up accounting to follow (rows {', '.join(VLLM_RELEASES)}; "
+                         f"default {CURRENT_VLLM_VERSION}); 'book' for Chapter 14's simple model")
+    sv.add_argument("--entry-point", choices=VLLM_ENTRY_POINTS, default="serve",
+                    help="vllm serve or the LLM class (their batch defaults differ)")
+    sv.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    sv.add_argument("--kv-cache-memory", default=None, help="vLLM's --kv-cache-memory, e.g. 20GiB (skips profiling)")
     sv.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel GPUs (default 1)")
     sv.add_argument("--draft", default=None, help="draft model for speculative decoding")
     sv.add_argument("--num-speculative-tokens", type=int, default=0, help="tokens the draft proposes per step")
@@ -279,7 +290,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                     weights=args.weights, block_size=args.block_size,
                     max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                     tensor_parallel=args.tp, draft=args.draft, num_speculative_tokens=args.num_speculative_tokens,
-                    prefix_cache_hit_rate=args.prefix_cache_hit_rate)
+                    prefix_cache_hit_rate=args.prefix_cache_hit_rate,
+                    vllm_version=None if args.vllm_version == "book" else args.vllm_version,
+                    entry_point=args.entry_point, enforce_eager=args.enforce_eager,
+                    kv_cache_memory=None if args.kv_cache_memory is None else _parse_size(args.kv_cache_memory))
         return fit.as_dict(), _serve_text(fit)
     from .measure.trace import trace_training
 
@@ -389,6 +403,12 @@ def _parallel_plan_text(result: Any) -> str:
     return "\n".join(lines)
 
 
+def _parse_size(text: str) -> int:
+    from .core.dtypes import parse_size
+
+    return parse_size(text)
+
+
 def _serve_text(fit: Any) -> str:
     st = fit.settings
     head = (f"serving {st['model']} at max-model-len {st['max_model_len']:,} on "
@@ -405,6 +425,10 @@ def _serve_text(fit: Any) -> str:
              ("max_concurrent_seqs", fit.max_concurrent_seqs)]
     if st["prefix_cache_hit_rate"]:
         rows.append(("max_concurrent_seqs_prefix", fit.max_concurrent_seqs_prefix))
+    if fit.vllm_tokens is not None:
+        head += f", vLLM {st['vllm_version']} (row {st['vllm_release_row']})"
+        rows += [("max_num_batched_tokens", st["max_num_batched_tokens"]), ("max_num_seqs", st["max_num_seqs"]),
+                 ("vllm_kv_tokens", fit.vllm_tokens), ("vllm_max_concurrency", fit.vllm_concurrency)]
     lines = [_table(rows, head)]
     if fit.fits:
         lines.append(f"fits: {fit.max_concurrent_seqs:,} requests of {st['max_model_len']:,} tokens at once "
