@@ -106,3 +106,21 @@ def test_cli_bad_input_one_line_exit_2(args):
     r = subprocess.run([sys.executable, "-m", "memlib", "serve", "llama-3.1-8b", "--gpu", "h100",
                         "--max-model-len", "8192", *args], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+# vLLM 0.11.0's own get_kv_cache_configs / get_max_concurrency_for_kv_cache_config, run on CPU by
+# bench/serve_vs_vllm.py (Part 1) with the same available memory: (blocks, logged tokens, concurrency).
+@pytest.mark.parametrize("name, tp, length, chunk, avail_gib, vllm", [
+    ("llama-3.1-8b", 1, 8192, 8192, 40.0, (20480, 327680, 40.0)),
+    ("qwen2.5-72b", 2, 32768, 8192, 8.0, (3276, 52416, 1.6)),
+    ("mistral-7b", 1, 32768, 2048, 20.0, (10240, 163840, 26.6)),
+    ("gemma-2-9b", 1, 8192, 2048, 30.0, (11702, 93616, 13.05)),
+    ("gemma-3-27b", 1, 8192, 2048, 15.0, (12288, 28080, 7.36)),
+    ("gemma-3-27b", 1, 32768, 8192, 15.0, (12288, 28080, 2.23)),
+    ("qwen3-30b-a3b", 1, 40960, 8192, 12.0, (8192, 131072, 3.2)),
+])
+def test_block_arithmetic_matches_vllm_0_11(name, tp, length, chunk, avail_gib, vllm):
+    fit = serve(name, max_model_len=length, gpu_memory="80GiB", tensor_parallel=tp, vllm_version="0.11",
+                max_num_batched_tokens=chunk, max_num_seqs=256, kv_cache_memory=int(avail_gib * GiB),
+                weights="bf16", kv_dtype="bf16")
+    assert (fit.num_blocks, fit.vllm_tokens, fit.vllm_concurrency) == vllm
