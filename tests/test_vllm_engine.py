@@ -124,3 +124,13 @@ def test_block_arithmetic_matches_vllm_0_11(name, tp, length, chunk, avail_gib, 
                 max_num_batched_tokens=chunk, max_num_seqs=256, kv_cache_memory=int(avail_gib * GiB),
                 weights="bf16", kv_dtype="bf16")
     assert (fit.num_blocks, fit.vllm_tokens, fit.vllm_concurrency) == vllm
+
+
+def test_sampler_share_of_the_peak_by_release():
+    # 0.11: PyTorch top-k/top-p sorts the vocabulary; 0.34 pins flashinfer-python (requirements/cuda.txt)
+    cfg = load_config("llama-3.1-8b")
+    sort = ve.profile_activation_bytes(cfg, max_num_batched_tokens=8192, max_num_seqs=1024,
+                                       sampler_bytes_per_logit=ve.get_release("0.11").sampler_bytes_per_logit)
+    fused = ve.profile_activation_bytes(cfg, max_num_batched_tokens=8192, max_num_seqs=1024,
+                                        sampler_bytes_per_logit=ve.get_release("0.34").sampler_bytes_per_logit)
+    assert sort - fused == 1024 * 128256 * (ve.SAMPLER_BYTES_PER_LOGIT - ve.SAMPLER_BYTES_FLASHINFER)

@@ -379,7 +379,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
         act = forward_activation_bytes(cfg, chunk, min(seqs, chunk), tensor_parallel=tp)
         d_graphs = DEFAULT_CUDA_GRAPH
     else:
-        act = ve.profile_activation_bytes(cfg, max_num_batched_tokens=chunk, max_num_seqs=seqs, tensor_parallel=tp)
+        act = ve.profile_activation_bytes(cfg, max_num_batched_tokens=chunk, max_num_seqs=seqs, tensor_parallel=tp,
+                                          sampler_bytes_per_logit=release.sampler_bytes_per_logit)
         d_graphs = ve.cuda_graph_bytes(cfg, release, max_num_seqs=seqs, tensor_parallel=tp,
                                        enforce_eager=enforce_eager)
     graphs = check_positive("cuda_graph_bytes", d_graphs if cuda_graph_bytes is None else cuda_graph_bytes,

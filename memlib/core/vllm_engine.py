@@ -36,10 +36,21 @@ from .dtypes import GiB, MiB
 from .errors import MemlibError, check_choice
 
 __all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_POINTS", "REPORTED_TOTAL_BYTES",
-           "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "SAMPLER_BYTES_PER_LOGIT", "get_release", "reported_total",
+           "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "SAMPLER_BYTES_PER_LOGIT",
+           "SAMPLER_BYTES_FLASHINFER", "get_release", "reported_total",
            "batch_defaults", "non_torch_bytes", "forward_peak_bytes", "sampler_peak_bytes",
            "profile_activation_bytes", "cudagraph_capture_sizes", "cuda_graph_bytes", "KVGroups", "kv_groups",
            "blocks_per_request"]
+
+
+#: Bytes per logit alive at the sampler's peak in the profiling run: the bf16 logits the caller holds (2), their
+#: fp32 copy (4), ``logits.sort`` values (4) and int64 indices (8), and the fp32 softmax / scatter result (4)
+#: (``apply_top_k_top_p`` with top-k and top-p both set, as ``_dummy_sampler_run`` sets them).
+SAMPLER_BYTES_PER_LOGIT: int = 22
+#: The same with FlashInfer's fused top-k/top-p sampling (no sort): bf16 logits (2), their fp32 copy (4) and the
+#: processed fp32 logits (4). ``flashinfer-python`` is a pinned dependency of v0.34 (``requirements/cuda.txt``);
+#: v0.11 does not list it, so the PyTorch path runs unless the image adds FlashInfer.
+SAMPLER_BYTES_FLASHINFER: int = 10
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,9 @@ class VllmRelease:
         hybrid_padding: hybrid models' layer groups padded to one page size (else one group per layer kind).
         tokens_from_concurrency: the log's "GPU KV cache size" is concurrency × max_model_len (else
             blocks ÷ groups × block size).
+        sampler_bytes_per_logit: bytes per logit alive at the profiling sampler's peak
+            (:data:`SAMPLER_BYTES_PER_LOGIT` for the PyTorch sort path, :data:`SAMPLER_BYTES_FLASHINFER` when
+            FlashInfer's sampling kernels are a dependency).
         note: what changed, in words.
     """
 
@@ -64,23 +78,25 @@ class VllmRelease:
     cudagraph_estimate: bool
     hybrid_padding: bool
     tokens_from_concurrency: bool
+    sampler_bytes_per_logit: int
     note: str
 
 
 #: The releases whose start-up accounting differs, oldest first. The last is the current one.
 VLLM_RELEASES: dict[str, VllmRelease] = {r.version: r for r in [
-    VllmRelease("0.6", "v0", False, False, False, False,
+    VllmRelease("0.6", "v0", False, False, False, False, SAMPLER_BYTES_PER_LOGIT,
                 "V0 engine: profile at max(max_model_len, 2048) tokens, CUDA graphs captured after the KV cache "
                 "is sized (they come out of the 1 - utilization slack)"),
-    VllmRelease("0.8", "v1", True, False, False, False,
+    VllmRelease("0.8", "v1", True, False, False, False, SAMPLER_BYTES_PER_LOGIT,
                 "V1 engine by default; batch defaults by GPU (get_batch_defaults)"),
-    VllmRelease("0.10", "v1", True, False, True, False,
+    VllmRelease("0.10", "v1", True, False, True, False, SAMPLER_BYTES_PER_LOGIT,
                 "hybrid allocator: layer groups padded to one page size ('Add N padding layers')"),
-    VllmRelease("0.21", "v1", True, True, True, False,
+    VllmRelease("0.21", "v1", True, True, True, False, SAMPLER_BYTES_PER_LOGIT,
                 "CUDA-graph memory estimated and subtracted from the KV budget "
                 "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)"),
-    VllmRelease("0.34", "v1", True, True, True, True,
-                "'GPU KV cache size' logged as max concurrency x max_model_len (get_kv_cache_capacity)"),
+    VllmRelease("0.34", "v1", True, True, True, True, SAMPLER_BYTES_FLASHINFER,
+                "'GPU KV cache size' logged as max concurrency x max_model_len (get_kv_cache_capacity); "
+                "FlashInfer sampling a dependency (no vocabulary sort in the profiled sampler)"),
 ]}
 
 #: The newest release memlib models (``memlib serve --vllm-version`` defaults to it).
@@ -107,10 +123,6 @@ NON_TORCH_TP1: int = 256 * MiB
 #: 2.1 GiB per GPU in public V1 logs (issue 32's survey of start-up logs).
 NON_TORCH_TP_MULTI: int = round(2.1 * GiB)
 
-#: Bytes per logit alive at the sampler's peak in the profiling run: the bf16 logits the caller holds (2), their
-#: fp32 copy (4), ``logits.sort`` values (4) and int64 indices (8), and the fp32 softmax / scatter result (4)
-#: (``apply_top_k_top_p`` with top-k and top-p both set, as ``_dummy_sampler_run`` sets them).
-SAMPLER_BYTES_PER_LOGIT: int = 22
 
 _MAX_CAPTURE = 512  # largest CUDA-graph batch: min(2 × max_num_seqs, 512) (vllm/config, cudagraph_capture_sizes)
 
@@ -193,14 +205,14 @@ def forward_peak_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1, 
     return tokens * per_token * act_bytes
 
 
-def sampler_peak_bytes(cfg: ModelConfig, rows: int) -> int:
-    """The profiling run's sampler peak: ``rows`` × vocabulary × :data:`SAMPLER_BYTES_PER_LOGIT` (full vocabulary
-    on every TP rank: ``LogitsProcessor`` gathers the shards)."""
-    return rows * cfg.vocab_size * SAMPLER_BYTES_PER_LOGIT
+def sampler_peak_bytes(cfg: ModelConfig, rows: int, bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """The profiling run's sampler peak: ``rows`` × vocabulary × ``bytes_per_logit`` (full vocabulary on every TP
+    rank: ``LogitsProcessor`` gathers the shards)."""
+    return rows * cfg.vocab_size * bytes_per_logit
 
 
 def profile_activation_bytes(cfg: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int,
-                             tensor_parallel: int = 1) -> int:
+                             tensor_parallel: int = 1, sampler_bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
     """The torch peak above the weights in vLLM's profiling run: max(forward, hidden states + sampler). Ch. 14.
 
     ``profile_run`` runs the model on ``max_num_batched_tokens`` tokens, keeps the hidden states
@@ -210,7 +222,8 @@ def profile_activation_bytes(cfg: ModelConfig, *, max_num_batched_tokens: int, m
     """
     fwd = forward_peak_bytes(cfg, max_num_batched_tokens, tensor_parallel)
     rows = min(max_num_seqs, max_num_batched_tokens)
-    return max(fwd, max_num_batched_tokens * cfg.hidden_size * 2 + sampler_peak_bytes(cfg, rows))
+    return max(fwd, max_num_batched_tokens * cfg.hidden_size * 2
+               + sampler_peak_bytes(cfg, rows, sampler_bytes_per_logit))
 
 
 def cudagraph_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
