@@ -431,8 +431,9 @@ def _serve_text(fit: Any) -> str:
                  ("vllm_kv_tokens", fit.vllm_tokens), ("vllm_max_concurrency", fit.vllm_concurrency)]
     lines = [_table(rows, head)]
     if fit.fits:
+        slots = fit.kv_tokens if fit.vllm_tokens is None else fit.vllm_tokens
         lines.append(f"fits: {fit.max_concurrent_seqs:,} requests of {st['max_model_len']:,} tokens at once "
-                     f"({fit.kv_tokens:,} token slots in {fit.num_blocks:,} blocks)")
+                     f"({slots:,} token slots in {fit.num_blocks:,} blocks)")
     else:
         lines.extend(f"does not fit: {r}" for r in fit.reasons)
     return "\n".join(lines)
