@@ -49,6 +49,15 @@ PUBLIC_LOGS = [
      1478 * 16),
 ]
 
+# Logs from releases older than the table's first row (v0.2.4, before the V0 profiler of 0.6): shown with the
+# 0.6 rule, kept out of the summary. vLLM 0.2.4 took the peak as total − free after the profile, CUDA context and
+# NCCL included. "# GPU blocks: 7351" (Llama-2-7B, 1 × A100-80GB) and 20865 (Llama-2-70B, TP 4), benchmark_throughput
+# defaults (max_model_len 4096).
+OLDER_LOGS = [
+    ("https://github.com/vllm-project/vllm/pull/2031", "llama-2-7b", "a100-80gb", 1, 4096, 0.9, "0.6", 7351 * 16),
+    ("https://github.com/vllm-project/vllm/pull/2031", "llama-2-70b", "a100-80gb", 4, 4096, 0.9, "0.6", 20865 * 16),
+]
+
 
 def _vllm_side(case: tuple) -> dict | None:
     src, deps = os.environ.get("VLLM_SRC"), os.environ.get("VLLM_DEPS")
@@ -113,6 +122,12 @@ def part2() -> None:
               f"{fit.vllm_tokens:,} ({100 * err:+.1f} %)  {url}")
     print(f"  median |error| {100 * statistics.median(errors):.1f} %, max {100 * max(errors):.1f} % "
           f"over {len(errors)} logs")
+    print("  older releases than the table (not in the summary):")
+    for url, name, gpu, tp, length, util, version, logged in OLDER_LOGS:
+        fit = serve(name, max_model_len=length, gpu=gpu, tensor_parallel=tp, gpu_memory_utilization=util,
+                    vllm_version=version, weights="fp16")
+        print(f"  {name} {gpu} tp{tp} len {length:,}: logged {logged:,}, memlib {fit.vllm_tokens:,} "
+              f"({100 * (fit.vllm_tokens / logged - 1):+.1f} %)  {url}")
 
 
 if __name__ == "__main__":
