@@ -102,6 +102,15 @@ def test_chapter_14_serving_budget_follows_the_controls(site: Path) -> None:
         assert f"{fit.max_concurrent_seqs} requests of 8,192 tokens" in text, (kw, text)
 
 
+def test_chapter_14_serving_budget_follows_a_vllm_release(site: Path) -> None:
+    run = run_live(site, _page(site, "chapters/14_"), [Step("select", "select[name=vllm_version]", "0.34")])
+    _report(run)
+    _clean(run)
+    before, after = run.results
+    fit = serve("llama-3-8b", max_model_len=8192, gpu="h100-sxm", vllm_version="0.34")
+    assert f"vLLM 0.34 logs {fit.vllm_tokens:,} tokens" in after and "vLLM" not in before.split("requests")[-1], after
+
+
 def test_chapter_13_planner_follows_the_controls(site: Path) -> None:
     run = run_live(site, _page(site, "chapters/13_"), [Step("select", "select[name=num_gpus]", "1")])
     _report(run)

@@ -245,8 +245,12 @@ def test_cli_train_gemma2_runs_eager_by_default(capsys: pytest.CaptureFixture) -
 
 
 def test_cli_serve_and_infer_gemma2(capsys: pytest.CaptureFixture) -> None:
-    assert main(["serve", "gemma-2-9b", "--gpu", "h100-sxm", "--max-model-len", "8192"]) == 0
+    assert main(["serve", "gemma-2-9b", "--gpu", "h100-sxm", "--max-model-len", "8192", "--vllm-version", "book"]) == 0
     assert "blocks_per_seq                        384" in capsys.readouterr().out
+    # vLLM (get_batch_defaults: 8192 batched tokens on an H100): the window admits min(4095 + 8192, 8192) tokens,
+    # so both groups of 21 layers need a full request's blocks, + 1 for the window's unaligned start
+    assert main(["serve", "gemma-2-9b", "--gpu", "h100-sxm", "--max-model-len", "8192"]) == 0
+    assert "blocks_per_seq                      1,025" in capsys.readouterr().out
     assert main(["infer", "gemma-2-9b", "--seq-len", "8192", "--json"]) == 0
     assert '"kv_cache_bytes": 2113929216' in capsys.readouterr().out  # 8,192 × 258,048
 

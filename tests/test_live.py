@@ -262,3 +262,14 @@ def test_plan_calculator_shows_the_ladder_and_the_widgets_verdict() -> None:
     assert "refused:" in render("plan", {"model": "gpt2", "seq_len": "8192"})
     with pytest.raises(MemlibError, match="expected one of"):
         render("plan", {"job": "pretrain"})
+
+
+def test_serve_calculator_follows_a_vllm_release() -> None:
+    from memlib.core.serve import serve
+
+    html = render("serve", {"model": "llama-3-8b", "gpu": "h100-sxm", "max_model_len": "8192", "vllm_version": "0.34"})
+    fit = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192, vllm_version="0.34")
+    assert f"vLLM 0.34 logs {fit.vllm_tokens:,} tokens" in html and "1,024 sequences" in html
+    v0 = render("serve", {"model": "llama-3-8b", "gpu": "h100-sxm", "max_model_len": "8192", "vllm_version": "0.6"})
+    assert "256 sequences" in v0  # V0's max_num_seqs, not get_batch_defaults' 1024
+    assert "vLLM" not in render("serve", {"model": "llama-3-8b", "gpu": "h100-sxm"}).split("verdict")[-1]

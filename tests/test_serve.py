@@ -186,7 +186,8 @@ def test_decode_latency_is_bytes_over_bandwidth() -> None:
 
 
 def test_cli_serve_json(capsys: pytest.CaptureFixture) -> None:
-    assert main(["serve", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--json"]) == 0
+    assert main(["serve", "llama-3-8b", "--gpu", "h100", "--max-model-len", "8192", "--json",
+                 "--vllm-version", "book"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["num_blocks"] == 28_321 and data["max_concurrent_seqs"] == 55 and data["fits"] is True
     assert data["kv_cache_bytes"] == 28_321 * 2 * MiB

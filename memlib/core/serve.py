@@ -33,6 +33,7 @@ from .families_moe import kv_elements_per_token
 from .hardware import get_gpu
 from .serving_terms import (DEFAULT_CUDA_CONTEXT, check_tensor_parallel, forward_activation_bytes, kv_cached_tokens,
                             kv_heads_for)
+from . import vllm_engine as ve
 
 __all__ = [
     "SERVE_KV_DTYPES",
@@ -112,6 +113,8 @@ class ServeFit:
         fits: at least one request of max_model_len tokens fits.
         reasons: why not (empty when it fits).
         settings: the inputs, echoed.
+        vllm_tokens: with ``vllm_version``, the "GPU KV cache size: N tokens" vLLM logs (None otherwise).
+        vllm_concurrency: with ``vllm_version``, the "Maximum concurrency" vLLM logs (None otherwise).
     """
 
     gpu_memory_bytes: int
@@ -134,6 +137,8 @@ class ServeFit:
     fits: bool
     reasons: tuple[str, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
+    vllm_tokens: int | None = None
+    vllm_concurrency: float | None = None
 
     @property
     def kv_tokens(self) -> int:
@@ -242,11 +247,13 @@ def request_kv_bytes(model: ModelLike, tokens: int, kv_dtype: str = "fp16", tens
 def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_memory: int | str | None = None,
           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, kv_dtype: str = "fp16",
           weights: str = "fp16", block_size: int = DEFAULT_BLOCK_SIZE,
-          max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+          max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
           tensor_parallel: int = 1, pipeline_parallel: int = 1, draft: ModelLike | None = None,
           num_speculative_tokens: int = 0, prefix_cache_hit_rate: float = 0.0,
-          non_torch_bytes: int = DEFAULT_NON_TORCH, cuda_graph_bytes: int = DEFAULT_CUDA_GRAPH,
-          layout: str | None = None, fragmentation: float = 0.0) -> ServeFit:
+          non_torch_bytes: int | None = None, cuda_graph_bytes: int | None = None,
+          layout: str | None = None, fragmentation: float = 0.0, vllm_version: str | None = None,
+          entry_point: str = "serve", enforce_eager: bool = False,
+          kv_cache_memory: int | None = None) -> ServeFit:
     """How many requests a vLLM-style engine serves at once: the KV-block budget, term by term. Chapter 14.
 
     kv_budget = utilization × GPU − weights (− draft weights) − activation peak of a prefill chunk of
@@ -288,6 +295,14 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
         cuda_graph_bytes: captured CUDA graphs (see :data:`DEFAULT_CUDA_GRAPH`; 0 for eager mode).
         layout: KV layout override (``"mha"``, ``"gqa"``, ``"mqa"``) or None (as configured).
         fragmentation: fraction of the held tensors kept free for the allocator's fragmentation, in [0, 1).
+        vllm_version: None for the book's simple model above; a vLLM release (``"0.11"``, see
+            :data:`memlib.core.vllm_engine.VLLM_RELEASES`) for that release's start-up accounting
+            (:mod:`memlib.core.vllm_engine`): the GPU total ``mem_get_info`` reports, non-torch memory by TP,
+            the profiled peak with the sampler, CUDA graphs, batch defaults by GPU (``max_num_batched_tokens``
+            and ``max_num_seqs`` None pick them), hybrid page padding and the sliding-window admission rule.
+        entry_point: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class), for the batch defaults.
+        enforce_eager: no CUDA graphs (with ``vllm_version``).
+        kv_cache_memory: ``--kv-cache-memory`` bytes: the KV cache size, profiling ignored (with ``vllm_version``).
 
     Returns:
         The budget and what it holds.
@@ -298,6 +313,9 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     """
     cfg = load_config(model)
     mem = _gpu_bytes(gpu, gpu_memory)
+    release = ve.get_release(vllm_version) if vllm_version is not None else None
+    if release is not None and gpu is not None:
+        mem = ve.reported_total(get_gpu(gpu).name, mem)
     util = float(gpu_memory_utilization)
     if not 0.0 < util <= 1.0:
         raise MemlibError(f"gpu_memory_utilization {gpu_memory_utilization!r} is outside (0, 1]; "
@@ -308,16 +326,22 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
                           f"expected max_model_len ≤ {cfg.max_positions:,}")
     check_choice("kv dtype", kv_dtype, SERVE_KV_DTYPES)
     bs = _check_block_size(block_size)
-    chunk = check_positive("max_num_batched_tokens", max_num_batched_tokens)
-    seqs = check_positive("max_num_seqs", max_num_seqs)
+    d_chunk, d_seqs = DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
+    if release is not None:
+        d_chunk, d_seqs = ve.batch_defaults(release, gpu_total_bytes=mem, gpu=get_gpu(gpu).name if gpu else None,
+                                            max_model_len=length, entry_point=entry_point)
+    chunk = check_positive("max_num_batched_tokens", d_chunk if max_num_batched_tokens is None
+                           else max_num_batched_tokens)
+    seqs = check_positive("max_num_seqs", d_seqs if max_num_seqs is None else max_num_seqs)
     tp = check_tensor_parallel(cfg, tensor_parallel)
     k = check_positive("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
     rate = float(prefix_cache_hit_rate)
     if not 0.0 <= rate < 1.0:
         raise MemlibError(f"prefix_cache_hit_rate {prefix_cache_hit_rate!r} is outside [0, 1); "
                           "expected a fraction such as 0.5")
-    overhead = check_positive("non_torch_bytes", non_torch_bytes, allow_zero=True)
-    graphs = check_positive("cuda_graph_bytes", cuda_graph_bytes, allow_zero=True)
+    d_over = ve.non_torch_bytes(tp) if release is not None else DEFAULT_NON_TORCH
+    overhead = check_positive("non_torch_bytes", d_over if non_torch_bytes is None else non_torch_bytes,
+                              allow_zero=True)
     frag = float(fragmentation)
     if not 0.0 <= frag < 1.0:
         raise MemlibError(f"fragmentation {fragmentation!r} is outside [0, 1); expected e.g. 0.05 (0 for vLLM)")
@@ -350,7 +374,28 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     request = request_kv_bytes(cfg, length + k, kv_dtype, tp, pipeline_parallel=pp, layout=layout)
     if draft is not None:
         request += request_kv_bytes(dcfg, length + k, kv_dtype, dtp)
-    act = forward_activation_bytes(cfg, chunk, min(seqs, chunk), tensor_parallel=tp)
+    if release is None:
+        act = forward_activation_bytes(cfg, chunk, min(seqs, chunk), tensor_parallel=tp)
+        d_graphs = DEFAULT_CUDA_GRAPH
+    else:
+        act = ve.profile_activation_bytes(cfg, max_num_batched_tokens=chunk, max_num_seqs=seqs, tensor_parallel=tp,
+                                          sampler_bytes_per_logit=release.sampler_bytes_per_logit)
+        d_graphs = ve.cuda_graph_bytes(cfg, release, max_num_seqs=seqs, tensor_parallel=tp,
+                                       enforce_eager=enforce_eager)
+    graphs = check_positive("cuda_graph_bytes", d_graphs if cuda_graph_bytes is None else cuda_graph_bytes,
+                            allow_zero=True)
+    if release is not None:
+        return _serve_vllm(cfg, release, mem=mem, util=util, weights_bytes=w + draft_w, act=act,
+                           overhead=overhead, graphs=graphs, per_token=per_token, bs=bs, length=length,
+                           chunk=chunk, seqs=seqs, tp=tp, layers=layers, k=k, rate=rate, draft=draft is not None,
+                           kv_cache_memory=kv_cache_memory, settings={
+                               "model": cfg.name, "max_model_len": length, "gpu": gpu,
+                               "gpu_memory_utilization": util, "weights": weights, "kv_dtype": kv_dtype,
+                               "block_size": bs, "max_num_batched_tokens": chunk, "max_num_seqs": seqs,
+                               "tensor_parallel": tp, "draft": draft_name, "num_speculative_tokens": k,
+                               "prefix_cache_hit_rate": rate, "vllm_version": vllm_version,
+                               "vllm_release_row": release.version, "entry_point": entry_point,
+                               "enforce_eager": enforce_eager, "kv_cache_memory": kv_cache_memory})
     budget = int(mem * util)
     held = budget - overhead - graphs  # what the tensors may take, fragmentation included
     if frag:
@@ -387,6 +432,52 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     return ServeFit(mem, budget, w, draft_w, act, overhead, graphs, kv_budget, per_token, bs, block_bytes,
                     num_blocks, num_blocks * block_bytes, blocks_per_seq, concurrent, max(concurrent_prefix, 0),
                     max(longest, 0), concurrent >= 1, tuple(reasons), settings)
+
+
+def _serve_vllm(cfg: ModelConfig, release: ve.VllmRelease, *, mem: int, util: float, weights_bytes: int, act: int,
+                overhead: int, graphs: int, per_token: int, bs: int, length: int, chunk: int, seqs: int, tp: int,
+                layers: int, k: int, rate: float, draft: bool, kv_cache_memory: int | None,
+                settings: dict[str, Any]) -> ServeFit:
+    """:func:`serve` for one vLLM release (``determine_available_memory`` then ``get_kv_cache_config``)."""
+    budget = int(mem * util)
+    if kv_cache_memory is not None:  # --kv-cache-memory: the KV cache size, the profile ignored
+        kv_budget = check_positive("kv_cache_memory", kv_cache_memory)
+    else:
+        kv_budget = budget - weights_bytes - act - overhead - graphs
+    groups = ve.KVGroups(layers, (None,), 0) if draft else ve.kv_groups(cfg, release, layers)
+    if len(groups.groups) == 1:
+        block_bytes = bs * per_token
+    else:  # one block spans one layer of every group: page × group size
+        block_bytes = bs * (per_token // layers) * groups.group_size
+    stored_per_token = block_bytes // bs * len(groups.groups)  # padding layers included
+    num_blocks = max(kv_budget, 0) // block_bytes
+    per_req = ve.blocks_per_request(groups, max_model_len=length + k, max_num_batched_tokens=chunk,
+                                    block_size=bs, engine=release.engine)
+    concurrency = num_blocks / per_req
+    if release.tokens_from_concurrency:
+        tokens = int(concurrency * length)
+    else:
+        tokens = num_blocks // len(groups.groups) * bs
+    usable = max(num_blocks - 1, 0)
+    concurrent = usable // per_req
+    shared = int(rate * length) // bs * len(groups.groups)
+    concurrent_prefix = (usable - shared) // (per_req - shared) if usable >= per_req and per_req > shared else 0
+    longest = min(usable // len(groups.groups) * bs - k, cfg.max_positions) if usable else 0
+    reasons: list[str] = []
+    if kv_budget <= 0:
+        reasons.append(f"no memory left for the KV cache: weights {weights_bytes / GiB:.2f} GiB + profiled peak "
+                       f"{act / GiB:.2f} GiB + non-torch {overhead / GiB:.2f} GiB + CUDA graphs {graphs / GiB:.2f} "
+                       f"GiB exceed the {util:g} × {mem / GiB:.2f} GiB budget by {-kv_budget / GiB:.2f} GiB; raise "
+                       "gpu_memory_utilization, quantize the weights or add tensor-parallel GPUs")
+    elif concurrent < 1:
+        reasons.append(f"one request of {length:,} tokens needs {per_req:,} blocks but {usable:,} are left; "
+                       f"vLLM refuses to start (lower max_model_len to about {max(longest, 0):,} or use a smaller "
+                       "kv dtype)")
+    if groups.padding_layers:
+        settings["padding_layers"] = groups.padding_layers
+    return ServeFit(mem, budget, weights_bytes, 0, act, overhead, graphs, kv_budget, stored_per_token, bs,
+                    block_bytes, num_blocks, num_blocks * block_bytes, per_req, concurrent, max(concurrent_prefix, 0),
+                    max(longest, 0), concurrent >= 1, tuple(reasons), settings, tokens, round(concurrency, 2))
 
 
 def decode_bytes_per_step(model: ModelLike, *, batch_size: int, context_len: int, weights: str = "fp16",

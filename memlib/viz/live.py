@@ -36,6 +36,7 @@ from ..core.offload import GPU_PEAK_FLOPS, OffloadTime, offload_step_time
 from ..core.params import count_params
 from ..core.plan import JOBS, Plan, plan
 from ..core.serve import ServeFit, serve
+from ..core.vllm_engine import VLLM_RELEASES
 from ..core.inference import max_batch_size, max_seq_len, reserve_bytes
 from .plots import CATEGORY_COLORS, peak_composition
 from ..drills.widgets import CardState, check_card, next_card, reveal_card
@@ -53,7 +54,7 @@ LIVE_MODULES: tuple[str, ...] = (
     "core/frameworks/pytorch", "core/frameworks/torchtitan", "core/hardware",
     "core/hub", "core/inference", "core/lora", "core/offload", "core/parallel",
     "core/params", "core/plan", "core/rl", "core/schedules", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
-    "core/terms", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
+    "core/terms", "core/vllm_engine", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
 )
 #: Data files the live calculators read, as glob patterns under memlib/ (shipped in the same zip): the model
@@ -415,6 +416,8 @@ SERVE_UTILS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SERVE_TP = (1, 2, 4, 8)
 SERVE_WEIGHTS = ("fp16", "int8", "int4")
 SERVE_KV = ("fp16", "fp8", "int8", "int4")
+#: The accounting the serve calculator follows: Chapter 14's simple model, or a vLLM release's start-up accounting.
+SERVE_VERSIONS = ("book",) + tuple(VLLM_RELEASES)
 _SERVE_PARTS = (("weights", "#4c72b0"), ("prefill activations", "#dd8452"), ("non-torch + CUDA graphs", "#8c8c8c"),
                 ("KV blocks", "#55a868"))
 
@@ -434,15 +437,17 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
     weights = _choice(params, "weights", "fp16", SERVE_WEIGHTS)
     kv = _choice(params, "kv_dtype", "fp16", SERVE_KV)
     tp = int(_choice(params, "tensor_parallel", 1, SERVE_TP))
+    version = _choice(params, "vllm_version", "book", SERVE_VERSIONS)
     controls = (_model_select(models, model, live) + _select("gpu", "GPU", SERVE_GPUS, gpu, live)
                 + _select("max_model_len", "max-model-len", SERVE_LENS, length, live)
                 + _select("gpu_memory_utilization", "gpu_memory_utilization", SERVE_UTILS, util, live)
                 + _select("weights", "weights", SERVE_WEIGHTS, weights, live)
                 + _select("kv_dtype", "KV cache", SERVE_KV, kv, live)
-                + _select("tensor_parallel", "tensor parallel", SERVE_TP, tp, live))
+                + _select("tensor_parallel", "tensor parallel", SERVE_TP, tp, live)
+                + _select("vllm_version", "vLLM version", SERVE_VERSIONS, version, live))
     try:
         fit = serve(model, gpu=gpu, max_model_len=length, gpu_memory_utilization=util, weights=weights,
-                    kv_dtype=kv, tensor_parallel=tp)
+                    kv_dtype=kv, tensor_parallel=tp, vllm_version=None if version == "book" else version)
     except MemlibError as err:  # a length beyond the model's positions, a degree the heads do not allow
         return _root("serve", controls, f'<p class="memlib-live-refused">refused: {_e(err)}</p>', live,
                      _STATIC_NOTE)
@@ -470,6 +475,12 @@ def _serve(params: Mapping[str, Any], live: bool) -> str:
         verdict = (f"{fit.max_concurrent_seqs} requests of {length:,} tokens at once per replica: "
                    f"{fit.num_blocks:,} blocks of {fit.block_size} tokens, {fit.kv_bytes_per_token / 1024:g} KiB "
                    f"of KV per token")
+        if fit.vllm_tokens is not None:
+            pad = fit.settings.get("padding_layers")
+            verdict += (f"; vLLM {version} logs {fit.vllm_tokens:,} tokens, concurrency {fit.vllm_concurrency:g}x "
+                        f"({fit.settings['max_num_batched_tokens']:,} batched tokens, "
+                        f"{fit.settings['max_num_seqs']:,} sequences"
+                        + (f", {pad} padding layers" if pad else "") + ")")
     else:
         verdict = f"does not fit: {fit.reasons[0]}"
     result = svg + f'<p>{legend}</p><p class="memlib-live-verdict"><b>{_e(verdict)}</b></p>'

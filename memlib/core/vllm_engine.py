@@ -1,0 +1,311 @@
+"""vLLM's start-up memory accounting by release: GPU total, non-torch memory, profiled peak, CUDA graphs, KV groups.
+
+Pure Python (Chapter 14). :func:`memlib.core.serve.serve` with ``vllm_version`` composes these terms the way
+vLLM's worker does at start-up; each one cites the vLLM source it follows (pinned: the v0.11.0 and v0.34.0
+source distributions on PyPI, ``vllm-<version>.tar.gz``).
+
+- ``vllm/v1/worker/gpu_worker.py``, ``Worker.init_device`` / ``determine_available_memory``: the requested
+  memory is ``MemorySnapshot().total_memory × gpu_memory_utilization``, the total being what
+  ``torch.cuda.mem_get_info`` reports (an 80 GB H100 reports 79.15 GiB), not the nominal size; the KV cache
+  gets the requested memory − weights − the profiled torch peak − non-torch memory grown since the snapshot
+  (− the CUDA-graph estimate from v0.21, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, default 1);
+  ``--kv-cache-memory`` replaces it all.
+- ``vllm/utils/mem_utils.py``, ``memory_profiling``: non-torch memory is counted from the snapshot taken after
+  the CUDA context exists, so the context sits in the 1 − utilization slack; NCCL and custom all-reduce buffers
+  (tensor parallelism ≥ 2) are created later and counted.
+- ``vllm/v1/worker/gpu_model_runner.py``, ``profile_run`` / ``_dummy_run`` / ``_dummy_sampler_run``: one forward
+  pass of ``max_num_batched_tokens`` tokens, then the sampler on ``min(max_num_seqs, tokens)`` rows of
+  logits with top-k and top-p set, which sorts the full vocabulary (``vllm/v1/sample/ops/topk_topp_sampler.py``,
+  ``apply_top_k_top_p``).
+- ``vllm/engine/arg_utils.py``, ``EngineArgs.get_batch_defaults``: 8192 batched tokens for ``vllm serve``
+  (16384 for ``LLM``) and 1024 sequences on GPUs of ≥ 70 GiB that are not A100s, 16384/1024 from 160 GiB,
+  else 2048 (8192 for ``LLM``) and 256.
+- ``vllm/v1/core/kv_cache_utils.py``, ``_get_kv_cache_config_uniform_page_size`` ("Add %d padding layers"),
+  ``get_num_blocks``, ``get_max_concurrency_for_kv_cache_config``; ``vllm/v1/kv_cache_interface.py``,
+  ``SlidingWindowSpec.max_memory_usage_bytes``: a hybrid model's layers are grouped by the smallest layer count
+  of any attention kind, every group padded to that size; a sliding-window layer admits a request against
+  ⌈min(W − 1 + max_num_batched_tokens, max_model_len) / block⌉ + 1 blocks.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .configs import ModelConfig
+from .dtypes import GiB, MiB
+from .errors import MemlibError, check_choice
+
+__all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_POINTS", "REPORTED_TOTAL_BYTES",
+           "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "SAMPLER_BYTES_PER_LOGIT",
+           "SAMPLER_BYTES_FLASHINFER", "get_release", "reported_total",
+           "batch_defaults", "non_torch_bytes", "forward_peak_bytes", "sampler_peak_bytes",
+           "profile_activation_bytes", "cudagraph_capture_sizes", "cuda_graph_bytes", "KVGroups", "kv_groups",
+           "blocks_per_request"]
+
+
+#: Bytes per logit alive at the sampler's peak in the profiling run: the bf16 logits the caller holds (2), their
+#: fp32 copy (4), ``logits.sort`` values (4) and int64 indices (8), and the fp32 softmax / scatter result (4)
+#: (``apply_top_k_top_p`` with top-k and top-p both set, as ``_dummy_sampler_run`` sets them).
+SAMPLER_BYTES_PER_LOGIT: int = 22
+#: The same with FlashInfer's fused top-k/top-p sampling (no sort): bf16 logits (2), their fp32 copy (4) and the
+#: processed fp32 logits (4). ``flashinfer-python`` is a pinned dependency of v0.34 (``requirements/cuda.txt``);
+#: v0.11 does not list it, so the PyTorch path runs unless the image adds FlashInfer.
+SAMPLER_BYTES_FLASHINFER: int = 10
+
+
+@dataclass(frozen=True)
+class VllmRelease:
+    """The start-up behaviour of one range of vLLM releases (from ``version`` to the next row). Chapter 14.
+
+    Attributes:
+        version: the first release with this behaviour (``"0.11"``).
+        engine: ``"v0"`` (``vllm/worker/worker.py``) or ``"v1"`` (``vllm/v1/worker/gpu_worker.py``).
+        batch_defaults_by_gpu: batched-token and sequence defaults from ``get_batch_defaults`` (else V0's:
+            max(max_model_len, 2048) tokens, 512 with chunked prefill beyond 32K, 256 sequences).
+        cudagraph_estimate: CUDA-graph memory estimated and taken from the KV budget before the cache is sized.
+        hybrid_padding: hybrid models' layer groups padded to one page size (else one group per layer kind).
+        tokens_from_concurrency: the log's "GPU KV cache size" is concurrency × max_model_len (else
+            blocks ÷ groups × block size).
+        sampler_bytes_per_logit: bytes per logit alive at the profiling sampler's peak
+            (:data:`SAMPLER_BYTES_PER_LOGIT` for the PyTorch sort path, :data:`SAMPLER_BYTES_FLASHINFER` when
+            FlashInfer's sampling kernels are a dependency).
+        note: what changed, in words.
+    """
+
+    version: str
+    engine: str
+    batch_defaults_by_gpu: bool
+    cudagraph_estimate: bool
+    hybrid_padding: bool
+    tokens_from_concurrency: bool
+    sampler_bytes_per_logit: int
+    note: str
+
+
+#: The releases whose start-up accounting differs, oldest first. The last is the current one.
+VLLM_RELEASES: dict[str, VllmRelease] = {r.version: r for r in [
+    VllmRelease("0.6", "v0", False, False, False, False, SAMPLER_BYTES_PER_LOGIT,
+                "V0 engine: profile at max(max_model_len, 2048) tokens, CUDA graphs captured after the KV cache "
+                "is sized (they come out of the 1 - utilization slack)"),
+    VllmRelease("0.8", "v1", True, False, False, False, SAMPLER_BYTES_PER_LOGIT,
+                "V1 engine by default; batch defaults by GPU (get_batch_defaults)"),
+    VllmRelease("0.10", "v1", True, False, True, False, SAMPLER_BYTES_PER_LOGIT,
+                "hybrid allocator: layer groups padded to one page size ('Add N padding layers')"),
+    VllmRelease("0.21", "v1", True, True, True, False, SAMPLER_BYTES_PER_LOGIT,
+                "CUDA-graph memory estimated and subtracted from the KV budget "
+                "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)"),
+    VllmRelease("0.34", "v1", True, True, True, True, SAMPLER_BYTES_FLASHINFER,
+                "'GPU KV cache size' logged as max concurrency x max_model_len (get_kv_cache_capacity); "
+                "FlashInfer sampling a dependency (no vocabulary sort in the profiled sampler)"),
+]}
+
+#: The newest release memlib models (``memlib serve --vllm-version`` defaults to it).
+CURRENT_VLLM_VERSION: str = next(reversed(VLLM_RELEASES))
+
+#: vLLM's entry points, whose batch defaults differ (``UsageContext.OPENAI_API_SERVER`` and ``LLM_CLASS``).
+VLLM_ENTRY_POINTS = ("serve", "llm")
+
+#: What ``torch.cuda.mem_get_info()`` reports as a card's total, the figure vLLM multiplies by the utilization.
+#: Sources: "total capacity of 79.15 GiB" (PyTorch OOM messages on 80 GB A100/H100, tests/test_oom.py) and vLLM
+#: V0's "Memory profiling results: total_gpu_memory=79.15GiB" (an H100 log quoted in public issue digests);
+#: 39.43 GiB for an A100 40 GB (an OOM message, tests/test_oom.py); 23.58 GiB for an RTX 3090
+#: (github.com/vllm-project/vllm/issues/10517); 15.56 GiB for a T4 (vLLM issue log, "total_gpu_memory=15.56GiB").
+#: Cards not listed use the nominal size of :data:`memlib.core.hardware.GPUS` (an upper bound).
+REPORTED_TOTAL_BYTES: dict[str, int] = {
+    "h100-sxm": round(79.15 * GiB), "h100-pcie": round(79.15 * GiB), "a100-80gb": round(79.15 * GiB),
+    "a100-40gb": round(39.43 * GiB), "rtx-3090": round(23.58 * GiB), "t4": round(15.56 * GiB)}
+
+#: Non-torch memory vLLM counts at tensor parallelism 1: cuBLAS/cuBLASLt workspaces and attention-backend buffers
+#: created after the snapshot (public logs show 0.05-0.35 GiB; V0's "non_torch_memory=0.35GiB" on an RTX 3090,
+#: vllm issue 10517). The CUDA context is not in it (it precedes the snapshot).
+NON_TORCH_TP1: int = 256 * MiB
+#: At tensor parallelism ≥ 2, NCCL communicator buffers and vLLM's custom all-reduce IPC buffers join it: about
+#: 2.1 GiB per GPU in public V1 logs (issue 32's survey of start-up logs).
+NON_TORCH_TP_MULTI: int = round(2.1 * GiB)
+
+
+_MAX_CAPTURE = 512  # largest CUDA-graph batch: min(2 × max_num_seqs, 512) (vllm/config, cudagraph_capture_sizes)
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-].*)?", text.strip())
+    if not m:
+        raise MemlibError(f"unknown vLLM version {text!r}; expected a release such as "
+                          f"{CURRENT_VLLM_VERSION} (from {next(iter(VLLM_RELEASES))} to {CURRENT_VLLM_VERSION})")
+    return tuple(int(g) for g in m.groups(default="0"))
+
+
+def get_release(version: str | None = None) -> VllmRelease:
+    """The behaviour row in effect for a vLLM version (``"0.11.0"`` → the ``"0.10"`` row). Chapter 14.
+
+    Args:
+        version: ``"0.11"``, ``"v0.11.0"``, ``"0.11.0rc1"``; None for :data:`CURRENT_VLLM_VERSION`.
+
+    Returns:
+        The release row.
+
+    Raises:
+        MemlibError: text that is not a version, or one older than the first row or newer than the current one.
+    """
+    if version is None:
+        return VLLM_RELEASES[CURRENT_VLLM_VERSION]
+    key = _version_key(str(version))[:2]
+    rows = [r for r in VLLM_RELEASES.values() if _version_key(r.version)[:2] <= key]
+    if not rows or key > _version_key(CURRENT_VLLM_VERSION)[:2]:
+        raise MemlibError(f"unknown vLLM version {version!r}; expected a release from "
+                          f"{next(iter(VLLM_RELEASES))} to {CURRENT_VLLM_VERSION} (rows: {', '.join(VLLM_RELEASES)})")
+    return rows[-1]
+
+
+def reported_total(gpu: str, nominal_bytes: int) -> int:
+    """What ``torch.cuda.mem_get_info`` reports as the card's total (:data:`REPORTED_TOTAL_BYTES`), else nominal."""
+    return REPORTED_TOTAL_BYTES.get(gpu, nominal_bytes)
+
+
+def batch_defaults(release: VllmRelease, *, gpu_total_bytes: int, gpu: str | None, max_model_len: int,
+                   entry_point: str = "serve") -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks when the user gives neither. Chapter 14.
+
+    V1 (``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``): ≥ 160 GiB → 16384/1024; ≥ 70 GiB and
+    not an A100 → 8192 (``vllm serve``) or 16384 (``LLM``) and 1024; otherwise 2048 (serve) or 8192 (LLM) and 256.
+    V0 (``SchedulerConfig``, ``vllm/config.py``): max(max_model_len, 2048) tokens; beyond 32K tokens chunked
+    prefill is switched on with 512; 256 sequences.
+    """
+    check_choice("entry point", entry_point, VLLM_ENTRY_POINTS)
+    if not release.batch_defaults_by_gpu:
+        return (512 if max_model_len > 32768 else max(max_model_len, 2048)), 256
+    llm = entry_point == "llm"
+    if gpu_total_bytes >= 160 * GiB:
+        return 16384, 1024
+    if gpu_total_bytes >= 70 * GiB and not (gpu or "").startswith("a100"):
+        return (16384 if llm else 8192), 1024
+    return (8192 if llm else 2048), 256
+
+
+def non_torch_bytes(tensor_parallel: int) -> int:
+    """Non-torch memory vLLM counts per GPU: :data:`NON_TORCH_TP1`, or :data:`NON_TORCH_TP_MULTI` with TP ≥ 2."""
+    return NON_TORCH_TP1 if tensor_parallel == 1 else NON_TORCH_TP_MULTI
+
+
+def forward_peak_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1, act_bytes: int = 2) -> int:
+    """Peak transient of one forward pass of ``tokens`` tokens in vLLM's fused layers, per GPU. Chapter 14.
+
+    The MLP is the peak: its input and residual (2 h, replicated on every TP rank), the merged gate-up output
+    (2 i / tp) and the ``silu_and_mul`` output (i / tp) alive together, plus one more h for the normed input:
+    tokens × (3 i / tp + 3 h) × 2 bytes (V0's "peak_torch_memory" − weights on an RTX 3090, vllm issue 10517:
+    2.07 GiB at 20,000 tokens of Llama-3.1-8B, this 2.06). A MoE layer (``fused_moe``'s intermediate caches)
+    holds tokens × top_k × (3 i_e / tp + h) + 3 h per token.
+    """
+    h = cfg.hidden_size
+    dense = 3 * cfg.intermediate_size // tensor_parallel + 3 * h
+    per_token = dense
+    if cfg.moe is not None:
+        moe = cfg.moe.top_k * (3 * cfg.moe.expert_intermediate_size // tensor_parallel + h) + 3 * h
+        per_token = moe if len(cfg.moe.moe_layers) == cfg.num_layers else max(dense, moe)
+    return tokens * per_token * act_bytes
+
+
+def sampler_peak_bytes(cfg: ModelConfig, rows: int, bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """The profiling run's sampler peak: ``rows`` × vocabulary × ``bytes_per_logit`` (full vocabulary on every TP
+    rank: ``LogitsProcessor`` gathers the shards)."""
+    return rows * cfg.vocab_size * bytes_per_logit
+
+
+def profile_activation_bytes(cfg: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int,
+                             tensor_parallel: int = 1, sampler_bytes_per_logit: int = SAMPLER_BYTES_PER_LOGIT) -> int:
+    """The torch peak above the weights in vLLM's profiling run: max(forward, hidden states + sampler). Ch. 14.
+
+    ``profile_run`` runs the model on ``max_num_batched_tokens`` tokens, keeps the hidden states
+    (tokens × h × 2 bytes) and runs ``_dummy_sampler_run`` on min(max_num_seqs, tokens) rows; the peak is the
+    larger of the two phases. It does not shrink with TP as a sharded activation would (the residual stream and
+    the logits are whole on every rank), and it grows with the vocabulary.
+    """
+    fwd = forward_peak_bytes(cfg, max_num_batched_tokens, tensor_parallel)
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    return max(fwd, max_num_batched_tokens * cfg.hidden_size * 2
+               + sampler_peak_bytes(cfg, rows, sampler_bytes_per_logit))
+
+
+def cudagraph_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """vLLM's default capture sizes: 1, 2, 4, then multiples of 8 up to min(2 × max_num_seqs, 512)."""
+    top = min(2 * max_num_seqs, _MAX_CAPTURE)
+    return tuple(s for s in (1, 2, 4) if s <= top) + tuple(range(8, top + 1, 8))
+
+
+def cuda_graph_bytes(cfg: ModelConfig, release: VllmRelease, *, max_num_seqs: int, tensor_parallel: int = 1,
+                     enforce_eager: bool = False) -> int:
+    """CUDA-graph memory vLLM takes from the KV budget before sizing it. Chapter 14.
+
+    0 before v0.21 (graphs were captured after the KV cache was allocated, out of the 1 − utilization slack) and
+    with ``enforce_eager``. From v0.21 ``profile_cudagraph_memory`` captures once and measures; memlib counts the
+    graphs' shared memory pool, which holds the largest captured batch's activations
+    (:func:`forward_peak_bytes` at max(:func:`cudagraph_capture_sizes`)). Limitation: each graph's own small
+    allocations (FULL graphs per size, PIECEWISE pieces per attention layer) are not counted, so this is a
+    lower bound; pass the logged figure to ``serve(cuda_graph_bytes=...)`` when you have it.
+    """
+    if enforce_eager or not release.cudagraph_estimate:
+        return 0
+    return forward_peak_bytes(cfg, cudagraph_capture_sizes(max_num_seqs)[-1], tensor_parallel)
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """How vLLM's KV cache manager groups a model's attention layers. Chapter 14.
+
+    Attributes:
+        group_size: layers per group (every group padded to it).
+        groups: per group, the sliding window (None for full attention).
+        padding_layers: layers added so every kind fills whole groups ("Add N padding layers").
+    """
+
+    group_size: int
+    groups: tuple[int | None, ...]
+    padding_layers: int
+
+    @property
+    def stored_layers(self) -> int:
+        """Layers' worth of KV each token's page holds: groups × group size."""
+        return self.group_size * len(self.groups)
+
+
+def _window(cfg: ModelConfig) -> int | None:
+    w = cfg.sliding_window
+    if w is None and cfg.model_type == "mistral":
+        w = cfg.raw.get("sliding_window")
+    return w if isinstance(w, int) and w > 0 else None
+
+
+def kv_groups(cfg: ModelConfig, release: VllmRelease, layers: int | None = None) -> KVGroups:
+    """The KV cache groups of ``cfg`` (``_get_kv_cache_config_uniform_page_size``): one group when every layer
+    attends alike; a hybrid model (Gemma 2/3) gets groups of min(layers per kind) layers, each kind padded up to
+    whole groups (Gemma 3 27B: 10 full + 52 sliding → 7 groups of 10, 8 padding layers). Before the hybrid
+    allocator (``release.hybrid_padding`` False), every layer of a hybrid model was a full-attention layer."""
+    n = layers or cfg.num_layers
+    w = _window(cfg)
+    kinds = cfg.layer_types[:n] if cfg.layer_types else ()
+    sliding = sum(1 for k in kinds if k == "sliding_attention")
+    full = len(kinds) - sliding
+    if w is None or (kinds and (sliding == 0 or not release.hybrid_padding)):
+        return KVGroups(n, (None,), 0)
+    if not kinds or full == 0:  # one window for every layer (Mistral)
+        return KVGroups(n, (w,), 0)
+    size = min(full, sliding)
+    nf, ns = -(-full // size), -(-sliding // size)
+    return KVGroups(size, (None,) * nf + (w,) * ns, (nf + ns) * size - full - sliding)
+
+
+def blocks_per_request(groups: KVGroups, *, max_model_len: int, max_num_batched_tokens: int,
+                       block_size: int, engine: str = "v1") -> int:
+    """Blocks vLLM reserves per request of ``max_model_len`` tokens, summed over the groups. Chapter 14.
+
+    Full attention: ⌈max_model_len / block⌉ (``FullAttentionSpec.max_memory_usage_bytes``); sliding window W:
+    ⌈min(W − 1 + max_num_batched_tokens, max_model_len) / block⌉ + 1 (``SlidingWindowSpec``), not ⌈W / block⌉.
+    V0 reserved full-length blocks for every layer.
+    """
+    total = 0
+    for w in groups.groups:
+        if w is None or engine == "v0":
+            total += -(-max_model_len // block_size)
+        else:
+            total += -(-min(w - 1 + max_num_batched_tokens, max_model_len) // block_size) + 1
+    return total
