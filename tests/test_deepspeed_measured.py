@@ -63,12 +63,14 @@ def test_zero1_measures_as_zero2_with_one_micro_batch() -> None:
     assert _by(1, 2)["peak_bytes"] > z1["peak_bytes"] and _estimate(_by(1, 2)) > _estimate(z1)
 
 
-_GAP = pytest.mark.xfail(strict=True, reason="open (issue 42): on the tiny Llama the engine holds about 2Ψ/N more "
-                         "than the estimate in the backward pass of stages 1-2 at one micro-batch (stage 2 more again "
-                         "with accumulation) and about 1.4 B/param more at ZeRO-3's step; not yet attributed")
+_GAP = pytest.mark.xfail(strict=True, reason="open (issue 42): on the tiny Llama the engine holds about 1.1 B/param "
+                         "more than the estimate with ZeRO-2 and accumulation, and about 1.4 B/param more at ZeRO-3's "
+                         "step; not yet attributed to a buffer")
+#: Within 3 % today: ZeRO-1 and ZeRO-2 at one micro-batch (the bucket's flatten copy sets the peak), ZeRO-1 with two.
+_MATCHED = {(1, 1), (2, 1), (1, 2)}
 
 
-@pytest.mark.parametrize("rec", [pytest.param(r, marks=[] if (r["stage"], r["grad_accum"]) == (1, 2) else [_GAP],
+@pytest.mark.parametrize("rec", [pytest.param(r, marks=[] if (r["stage"], r["grad_accum"]) in _MATCHED else [_GAP],
                                               id=f"zero{r['stage']}-k{r['grad_accum']}")
                                  for r in RECORDS if r["stage"] > 0])
 def test_estimate_within_3_percent_of_the_engine_less_the_bucket(rec: dict) -> None:

@@ -99,6 +99,15 @@ class DeepSpeed(Framework):
         if self.keeps_all_gradients(setup):
             return generic_peak(0) + g_bytes + self.comm_buffers(setup)[0]
         extra = super().backward_extra(cfg, setup, saved, g_bytes, n, layer_params, generic_peak)
+        if setup.zero_stage in (1, 2) and setup.offload == "none":
+            # reducing a bucket flattens its gradients (average_tensor -> allreduce_and_scatter ->
+            # allreduce_bucket: self.flatten(bucket)), a bucket-sized 16-bit copy beside the bucket; measured on
+            # CPU it sets the backward peak of a model smaller than the bucket (its gradients are views of it,
+            # reduced in the backward epilogue)
+            g = self.state_bytes(setup.precision, setup.optimizer)[1]
+            n_red = n if setup.method == "full" else 0
+            flat = int(g * min(DS_REDUCE_BUCKET, n_red))
+            extra = max(extra, self.comm_buffers(setup)[0] + flat)  # at the epilogue: activations freed
         if setup.zero_stage == 3:  # the gathered layers, live in the backward pass but not at the step
             p, g, o, n_train = self.model_state_bytes(cfg, n, 0, setup)
             extra += sum(self.working_set(cfg, layer_params, self.shard(p, g, o, setup)[0], n, n_train, setup))
