@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--bucket-view", action="store_true",
                    help="PyTorch DDP (--framework pytorch, --gpus > 1) with gradient_as_bucket_view=True: the "
                         "gradients are views of the Reducer's buckets (default False, DDP's: one more gradient copy)")
+    t.add_argument("--grad-accum", type=_positive_int, default=1,
+                   help="micro-batches per optimizer step (gradient accumulation, default 1)")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
     t.add_argument("--attention", choices=ATTENTION, default=None,
                    help="default sdpa (eager for gemma2, which transformers runs eager only)")
@@ -160,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CUDA context and workspaces kept free per GPU (default 1GiB); 5%% of the estimate is "
                          "added for fragmentation")
     pl.add_argument("--lora-rank", type=_positive_int, default=16)
+    pl.add_argument("--grad-accum", type=_positive_int, default=1,
+                    help="micro-batches per optimizer step to start from (divides --batch; default 1)")
     pl.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
                     help="training framework whose layout and rungs the ladder uses (default pytorch; ZeRO-2/3 "
                          "and offload rungs for deepspeed/fsdp2, a 'switch to DeepSpeed' rung for pytorch/megatron;"
@@ -396,7 +400,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                                  cp=args.cp if args.cp != 1 else None, ep=args.ep if args.ep != 1 else None)
             return pres.as_dict(), _parallel_plan_text(pres)
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
-                      seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank, framework=args.framework)
+                      seq_len=args.seq, reserve=args.reserve, lora_rank=args.lora_rank, framework=args.framework,
+                      grad_accum=args.grad_accum)
         if args.trace_fragmentation:
             result = _plan_traced_fragmentation(args, result, gpu_mem)
         return result.as_dict(), _plan_text(result)
@@ -444,7 +449,7 @@ def _plan_traced_fragmentation(args: argparse.Namespace, result: Any, gpu_mem: i
     if frac is not None:
         result = plan(args.model, job=args.job, num_gpus=args.gpus, gpu_memory=gpu_mem, batch_size=args.batch,
                       seq_len=args.seq, reserve=args.reserve, fragmentation=frac, lora_rank=args.lora_rank,
-                      framework=args.framework)
+                      framework=args.framework, grad_accum=args.grad_accum)
     return dataclasses.replace(result, notes=[*result.notes, note])
 def _rl_parser(sub: Any, models_help: str) -> None:
     """``memlib rl``: each phase's peak per GPU of one DPO, PPO or GRPO step (Chapter 18)."""
@@ -551,7 +556,8 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          cp=args.cp, ep=args.ep, sequence_parallel=args.sequence_parallel,
                          micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
-                         gradient_as_bucket_view=args.bucket_view, etp=args.etp)
+                         gradient_as_bucket_view=args.bucket_view, etp=args.etp,
+                         grad_accum=args.grad_accum)
 
 
 def _parse_size(text: str) -> int:

@@ -433,6 +433,7 @@ def _whiteboard(d: Drill) -> float:
                ("bf16-mixed", "sgd-momentum"): (2, 2, 8), ("bf16", "adamw"): (2, 2, 4),
                ("bf16", "adamw-8bit"): (2, 2, 2), ("bf16", "sgd-momentum"): (2, 2, 2)}[s["precision"], s["optimizer"]]
     n, z = s["num_gpus"], s["zero_stage"]
+    o += w if z >= 1 and s["precision"] == "bf16" else 0  # the question's bytes: DeepSpeed's master clone
     per_param = (w / n if z >= 3 else w) + (g / n if z >= 2 else g) + (o / n if z >= 1 else o)
     return (per_param * s["params"] + acts) / GB
 

@@ -100,7 +100,7 @@ class _Doubled(type(FRAMEWORK_OBJECTS["deepspeed"])):  # type: ignore[misc]
 
 
 def test_the_estimator_composes_whatever_object_the_registry_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    setup = TrainingSetup(framework="deepspeed", zero_stage=1, num_gpus=4, batch_size=2, seq_len=256)
+    setup = TrainingSetup(framework="deepspeed", zero_stage=1, num_gpus=4, batch_size=2, seq_len=256, grad_accum=2)
     before = estimate_training("llama-2-7b", setup)
     monkeypatch.setitem(FRAMEWORK_OBJECTS, "deepspeed", _Doubled())
     after = estimate_training("llama-2-7b", setup)

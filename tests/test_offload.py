@@ -54,7 +54,9 @@ def test_placement_bad_input() -> None:
 # ---- agreement with the estimator and with DeepSpeed's own estimators ----------------------------------
 
 def test_estimator_cpu_bytes_match_deepspeed() -> None:
-    """Host memory: estimate_training's cpu_bytes = DeepSpeed's estimator without its 1.5 buffer factor."""
+    """Host memory: estimate_training's cpu_bytes = DeepSpeed's estimator without its 1.5 buffer factor, plus the
+    buffers its estimator leaves out: ZeRO-Offload's pinned 16-bit partition (2Ψ/N,
+    ``param_buffer_of_bit16_for_cpu_offload_groups``), ZeRO-3's gradient partitions' flat buffer (2Ψ/N)."""
     from memlib._book.ch07_offloading import deepspeed_offload_estimators
 
     if importlib.util.find_spec("deepspeed") is None:
@@ -62,11 +64,11 @@ def test_estimator_cpu_bytes_match_deepspeed() -> None:
     zero2, zero3 = deepspeed_offload_estimators()
     cpu2, gpu2 = zero2(PSI, cpu_offload=True, additional_buffer_factor=1.0)
     est = estimate_training(params=PSI, zero_stage=2, offload="optimizer", framework="deepspeed")
-    assert est.cpu_bytes == cpu2 == 16 * PSI
+    assert est.cpu_bytes == cpu2 + 2 * PSI == 18 * PSI
     assert est.params_bytes == gpu2 == 2 * PSI and est.optimizer_bytes == 0
     cpu3, gpu3, _ = zero3(PSI, 10**7, cpu_offload=True, cpu_offload_params=True, additional_buffer_factor=1.0)
     est3 = estimate_training(params=PSI, zero_stage=3, offload="params+optimizer", framework="deepspeed")
-    assert est3.cpu_bytes == cpu3 == 18 * PSI
+    assert est3.cpu_bytes == cpu3 + 2 * PSI == 20 * PSI
     assert est3.params_bytes == 0 and gpu3 == 4 * 10**7  # one layer's 16-bit weights + gradients
 
 
@@ -74,10 +76,10 @@ def test_estimator_matches_placement_where_they_agree() -> None:
     for stage, n in ((0, 1), (1, 4), (2, 8)):
         est = estimate_training(params=PSI, zero_stage=stage, num_gpus=n, offload="optimizer", framework="deepspeed")
         shard = n if stage >= 1 else 1
-        assert est.cpu_bytes == placement("optimizer").bytes_per_param("cpu") * PSI // shard
+        assert est.cpu_bytes == placement("optimizer").bytes_per_param("cpu") * PSI // shard + 2 * PSI // shard
         assert est.params_bytes == placement("optimizer").bytes_per_param("gpu") * PSI
     est = estimate_training(params=PSI, zero_stage=3, num_gpus=4, offload="params+optimizer", framework="deepspeed")
-    assert est.cpu_bytes == placement("params+optimizer").bytes_per_param("cpu") * PSI // 4
+    assert est.cpu_bytes == placement("params+optimizer").bytes_per_param("cpu") * PSI // 4 + 2 * PSI // 4
 
 
 # ---- traffic ----------------------------------------------------------------------------------------------
@@ -100,11 +102,21 @@ def test_traffic_zero_offload_is_4psi_in_the_paper_6psi_in_deepspeed() -> None:
 
 def test_traffic_sharding_and_accumulation() -> None:
     t = offload_traffic(PSI, "optimizer", num_gpus=4, grad_accum_steps=4)
-    # per micro-batch Ψ of fp32 gradient shards down; from the 2nd micro-batch on the running sum comes up
-    # (DeepSpeed 0.19)
-    assert t.d2h_backward_micro == 4 * (PSI // 4)
+    # DeepSpeed 0.19.8 with k > 1: the 16-bit running sum goes down every micro-batch, comes up from the 2nd on,
+    # and the fp32 gradients go down once, at the boundary: (4k + 4)Ψ/N
+    assert t.d2h_backward_micro == 2 * (PSI // 4) and t.d2h_boundary_step == 4 * (PSI // 4)
     assert t.h2d_backward_micro == 0 and t.h2d_accumulate_step == 3 * (PSI // 2)
-    assert t.link_bytes == 4 * PSI + 3 * (PSI // 2) + PSI // 2
+    assert t.link_bytes == (4 * 4 + 4) * (PSI // 4)
+    assert offload_traffic(PSI, "optimizer", num_gpus=8, grad_accum_steps=8).link_bytes == 36 * (PSI // 8)
+    assert offload_traffic(PSI, "optimizer", num_gpus=8).link_bytes == 6 * (PSI // 8)  # k = 1: fp32 down
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_traffic_zero3_offload_optimizer(k: int) -> None:
+    """ZeRO-3 offload_optimizer: the gradient partitions' host buffer, 16-bit down and up every micro-batch,
+    fp32 down at the boundary, the 16-bit weights up after the step: (4k + 6)Ψ/N."""
+    t = offload_traffic(PSI, "optimizer", num_gpus=8, grad_accum_steps=k, zero_stage=3)
+    assert t.link_bytes == (4 * k + 6) * (PSI // 8)
     nv = offload_traffic(PSI, "optimizer", tier="nvme")
     assert nv.nvme_read_step == nv.nvme_write_step == 12 * PSI
 
@@ -164,9 +176,9 @@ def test_max_params_v100() -> None:
     off = max_params_that_fit(32 * GB, 1500 * GB, "optimizer", reserve_bytes=8 * GB)
     # ZeRO-2 offload: 2 B/param of weights plus one 16-bit gradient bucket (5e8 elements) on the GPU
     assert off == pytest.approx((24 * GB - 2 * 500_000_000) / 2, rel=1e-6)
-    # a 64 GB workstation: the host caps the model at 64 GB / 16 B
-    assert max_params_that_fit(32 * GB, 64 * GB, "optimizer", reserve_bytes=8 * GB) == 4 * PSI
-    assert max_params_that_fit(32 * GB, 64 * GB, "params+optimizer") == 64 * GB // 18
+    # a 64 GB workstation: the host caps the model at 64 GB / 18 B (16 + the pinned 16-bit partition)
+    assert max_params_that_fit(32 * GB, 64 * GB, "optimizer", reserve_bytes=8 * GB) == 64 * GB // 18
+    assert max_params_that_fit(32 * GB, 64 * GB, "params+optimizer") == 64 * GB // 20
 
 
 # ---- invariants (hypothesis) ------------------------------------------------------------------------------

@@ -83,7 +83,12 @@ def test_setup_and_keywords_agree() -> None:
        zero=st.sampled_from(choices.ZERO_STAGES), n=st.integers(1, 4096))
 def test_sharding_never_loses_a_byte(p: int, g: int, o: int, zero: int, n: int) -> None:
     ps, gs, os_ = shard_states(p, g, o, TrainingSetup(zero_stage=zero, num_gpus=n, framework="deepspeed"))
-    for full, shard, stage in ((p, ps, 3), (g, gs, 2), (o, os_, 1)):
+    # DeepSpeed's ZeRO-1 with one micro-batch per step frees the gradients outside its partition as ZeRO-2
+    for full, shard, stage in ((p, ps, 3), (g, gs, 1), (o, os_, 1)):
+        assert shard == (full if zero < stage else -(-full // n)) and shard * n >= full
+    ps, gs, os_ = shard_states(p, g, o, TrainingSetup(zero_stage=zero, num_gpus=n, framework="deepspeed",
+                                                      grad_accum=2))
+    for full, shard, stage in ((p, ps, 3), (g, gs, 2), (o, os_, 1)):  # accumulating: ZeRO-1 keeps them all
         assert shard == (full if zero < stage else -(-full // n)) and shard * n >= full
 
 
@@ -92,7 +97,8 @@ def test_offload_moves_the_optimizer_to_the_host() -> None:
     p, g, o, n = model_state_bytes(None, 10**9, 0, s)
     p, g, o = shard_states(p, g, o, s)
     gp, gg, go, cpu = offload_split(p, g, o, n, s)
-    assert (gp, gg, go) == (p, g, 0) and cpu == o + 4 * 10**9 // 4
+    assert (gp, gg, go) == (p, min(g, 2 * 500_000_000), 0)  # stage 1 streams the gradients out as stage 2
+    assert cpu == o + 4 * 10**9 // 4 + 2 * 10**9 // 4  # + fp32 gradients + the pinned 16-bit partition
 
 
 def test_choice_lists_are_defined_once() -> None:

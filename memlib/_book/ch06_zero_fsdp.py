@@ -107,6 +107,7 @@ def zero_states(params: int, stage: int, num_gpus: int, *, precision: str = "fp1
 
     Introduced in Chapter 6. The bytes are :func:`memlib.core.estimate.estimate_training`'s (``params=`` mode,
     ``framework="deepspeed"``: DeepSpeed is the paper's implementation), so the chapter's numbers and the estimator cannot drift apart.
+    Stage 1 is DeepSpeed's ZeRO-1 with gradient accumulation, which keeps all gradients as the paper's P_os does.
 
     Args:
         params: parameter count Ψ.
@@ -119,8 +120,10 @@ def zero_states(params: int, stage: int, num_gpus: int, *, precision: str = "fp1
         The per-GPU states.
     """
     check_choice("zero stage", stage, STAGES)
+    # the paper's P_os keeps the gradients whole: DeepSpeed's ZeRO-1 does so between micro-batches (grad_accum > 1);
+    # with one micro-batch it frees them as ZeRO-2 does (Chapter 6's erratum)
     est = estimate_training(params=params, zero_stage=stage, num_gpus=num_gpus, precision=precision,
-                            optimizer=optimizer, framework="deepspeed")
+                            optimizer=optimizer, framework="deepspeed", grad_accum=2 if stage == 1 else 1)
     return ZeroStates(stage, num_gpus, est.params_bytes, est.grads_bytes, est.optimizer_bytes,
                       comm_volume(stage, params))
 

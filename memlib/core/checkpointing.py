@@ -8,11 +8,16 @@ The estimator (:func:`memlib.core.estimate.estimate_training`, ``checkpoint_ever
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from .errors import MemlibError, check_positive
+from .choices import RECOMPUTE
+from .configs import ModelConfig, load_config
+from .errors import MemlibError, check_choice, check_positive
+from .params import count_params
 from .search import bisect_last
 
-__all__ = ["segment_layers", "segment_peak_bytes", "best_checkpoint_every", "largest_batch"]
+__all__ = ["segment_layers", "segment_peak_bytes", "best_checkpoint_every", "largest_batch", "recompute_overhead"]
 
 
 def segment_layers(num_layers: int, checkpoint_every: int, *, clamp: bool = False) -> tuple[int, int]:
@@ -122,3 +127,21 @@ def largest_batch(fits: Callable[[int], bool], *, max_batch: int = 1 << 16, gues
         lo, step = nxt, step * 2
     return bisect_last(fits, lo, hi)
 
+
+def recompute_overhead(model: str | Path | dict[str, Any] | ModelConfig, seq_len: int, recompute: str) -> float:
+    """Extra training FLOPs of recomputation, as a fraction of a step without it. Introduced in Chapter 13.
+
+    A step is forward (F) + backward (2F). Full recomputation runs the forward again: F / 3F = 1/3.
+    Selective recomputation (Korthikanti et al. 2022) re-runs only the attention core, QKᵀ and PV:
+    4·s·a·d FLOPs per token and layer (causal kernels skip about half of it; not counted here).
+    """
+    cfg = load_config(model)
+    check_choice("recompute", recompute, RECOMPUTE)
+    if recompute == "none":
+        return 0.0
+    if recompute == "full":
+        return 1 / 3
+    n = count_params(cfg).params
+    core = 4 * seq_len * cfg.q_dim * cfg.num_layers  # per token, forward
+    forward = 2 * n + core
+    return core / (3 * forward)

@@ -231,7 +231,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       sequence_parallel: bool | None = None, micro_batches: int | None = None,
                       pp_schedule: str | None = None, optimizer_impl: str | None = None,
                       framework: str | None = None,
-                      gradient_as_bucket_view: bool | None = None, etp: int | None = None) -> TrainingEstimate:
+                      gradient_as_bucket_view: bool | None = None, etp: int | None = None,
+                      grad_accum: int | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
@@ -267,6 +268,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             ``DistributedDataParallel``): False (DDP's default) adds the Reducer's flat gradient buckets, one more
             gradient copy live at the step; True makes the gradients views of them
             (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
+        grad_accum: micro-batches per optimizer step (gradient accumulation; default 1). Only DeepSpeed's ZeRO-1
+            peak and the offload traffic depend on it (:class:`memlib.core.setup.TrainingSetup`).
         framework: ``pytorch`` (default), ``deepspeed``, ``fsdp2`` or ``megatron``
             (:data:`memlib.core.choices.FRAMEWORK_SUPPORT` lists the ZeRO stages, offload and parallelism each
             supports; fsdp2's zero 2/3 are ``reshard_after_forward`` False/True).
@@ -318,7 +321,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
         optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view,
-        etp=etp))
+        etp=etp, grad_accum=grad_accum))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)

@@ -207,6 +207,8 @@ class OffloadTraffic:
             copied up to be added to, once per micro-batch after the first (this field is the step's total;
             it moves during the backward passes).
         h2d_step: updated 16-bit weights copied up after the CPU step (ZeRO-Offload).
+        d2h_boundary_step: DeepSpeed with accumulation (or ZeRO-3's offload_optimizer): the fp32 gradients
+            copied down once, in the backward pass of the micro-batch that ends the accumulation.
         nvme_read_step: bytes read from NVMe by the optimizer step (ZeRO-Infinity).
         nvme_write_step: bytes written to NVMe by the optimizer step.
         nvme_read_micro: weight bytes read from NVMe per micro-batch (parameters on NVMe).
@@ -224,13 +226,14 @@ class OffloadTraffic:
     nvme_read_micro: int
     grad_accum_steps: int
     settings: dict[str, Any] = field(default_factory=dict)
+    d2h_boundary_step: int = 0
 
     @property
     def link_bytes(self) -> int:
         """All bytes over the host link (both directions) per optimizer step."""
         k = self.grad_accum_steps
         micro = self.h2d_forward_micro + self.h2d_backward_micro + self.d2h_backward_micro
-        return micro * k + self.h2d_accumulate_step + self.h2d_step
+        return micro * k + self.h2d_accumulate_step + self.d2h_boundary_step + self.h2d_step
 
     @property
     def nvme_bytes(self) -> int:
@@ -244,7 +247,7 @@ class OffloadTraffic:
 
 def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed", tier: str = "cpu",
                     num_gpus: int = 1, grad_accum_steps: int = 1, reshard_after_forward: bool = True,
-                    fsdp_param_bytes: int = 4) -> OffloadTraffic:
+                    fsdp_param_bytes: int = 4, zero_stage: int = 2) -> OffloadTraffic:
     """Bytes over the host link per optimizer step, per GPU, for mixed-precision Adam.
 
     Introduced in Chapter 7. Ψ = ``params``, N = ``num_gpus`` (each GPU moves only its shard, Ψ/N):
@@ -253,10 +256,17 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
       micro-batch; H2D 2Ψ/N of updated 16-bit weights per step — 4Ψ for one GPU without accumulation.
     * ``optimizer``, DeepSpeed (ZeRO-Offload, stage 1/2): the gradients go down in fp32, cast on the GPU
       (``stage_1_and_2.py``, ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``): D2H 4Ψ/N per micro-batch,
-      H2D 2Ψ/N of 16-bit weights per step — 6Ψ for one GPU without accumulation. With gradient
-      accumulation DeepSpeed 0.19 keeps the running sum on the host and, from the second micro-batch on,
-      copies it up, adds the new gradients on the GPU and copies the sum down again
-      (``async_accumulate_grad_in_cpu_via_gpu``): another 2Ψ/N up per micro-batch after the first.
+      H2D 2Ψ/N of 16-bit weights per step — 6Ψ for one GPU without accumulation. With k > 1 micro-batches
+      DeepSpeed 0.19.8 keeps a 16-bit running sum on the host (``copy_grads_in_partition``: ``if
+      self.micro_step_id > 0 or not self.is_gradient_accumulation_boundary():
+      self.async_accumulate_grad_in_cpu_via_gpu(param)``): every micro-batch copies its 16-bit sum down (2Ψ/N),
+      every one after the first first copies the sum up to add to it (2Ψ/N), and only the boundary sends the fp32
+      gradients (4Ψ/N): (4k + 4)Ψ/N per step, 36Ψ/N at k = 8.
+    * ``optimizer`` at ZeRO-3 (``zero_stage=3``; ``stage3.py``, ``partition_grads``): the gradient partitions'
+      flat buffer is on the host: the first micro-batch copies its 16-bit partition down and back up
+      (``grad_buffer.copy_(grad_partition)``, ``grad_buffer.to(grad_partition.device)``), each later one up, adds,
+      and down; the boundary sends fp32 (``_offload_grad_partition_at_boundary``, 4Ψ/N) and the step's 16-bit
+      weights come up (2Ψ/N): (4k + 6)Ψ/N, 10Ψ/N at k = 1.
     * ``params+optimizer``, DeepSpeed (ZeRO-3 ``offload_param``): H2D 2Ψ/N for the forward gathers and again
       for the backward gathers, D2H 4Ψ/N of fp32 gradients (``stage3.py``,
       ``_offload_grad_partition_at_boundary``), per micro-batch; the step writes the 16-bit weights
@@ -277,6 +287,8 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
         grad_accum_steps: micro-batches per optimizer step.
         reshard_after_forward: FSDP2's option (ZeRO-3 behaviour when True). DeepSpeed ZeRO-3 always re-gathers.
         fsdp_param_bytes: bytes per element of FSDP2's sharded parameters (4 for fp32, 2 for a bf16 model).
+        zero_stage: DeepSpeed's ZeRO stage with ``mode="optimizer"`` (3 moves the gradient partitions' host
+            buffer every micro-batch; 0-2 are ZeRO-Offload's stage 1/2 path).
 
     Returns:
         The traffic, bytes per GPU.
@@ -296,7 +308,7 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
         return OffloadTraffic(up, up if reshard_after_forward else 0, e * shard, 0, 0, 0, 0, 0, k, settings)
     if implementation == "zero-offload-paper":
         return OffloadTraffic(0, 0, 2 * shard, 2 * shard * (k - 1), 2 * shard, 0, 0, 0, k, settings)
-    # DeepSpeed: gradients cast to fp32 on the GPU, then copied down
+    # DeepSpeed: gradients cast to fp32 on the GPU, then copied down at the boundary
     accumulate_up = 2 * shard * (k - 1) if mode == "optimizer" else 0
     nvme_read_step = nvme_write_step = nvme_read_micro = 0
     if tier == "nvme":
@@ -304,9 +316,15 @@ def offload_traffic(params: int, mode: str, *, implementation: str = "deepspeed"
         if mode == "params+optimizer":
             nvme_write_step += 2 * shard
             nvme_read_micro = 2 * 2 * shard
+    if mode == "optimizer" and zero_stage == 3:  # 16-bit partition down and back up each micro-batch, fp32 at the end
+        return OffloadTraffic(0, 0, 2 * shard, 2 * shard * k, 2 * shard, nvme_read_step, nvme_write_step,
+                              nvme_read_micro, k, settings, d2h_boundary_step=4 * shard)
+    if mode == "optimizer" and k > 1:  # a 16-bit running sum down each micro-batch, fp32 once at the boundary
+        return OffloadTraffic(0, 0, 2 * shard, accumulate_up, 2 * shard, nvme_read_step, nvme_write_step,
+                              nvme_read_micro, k, settings, d2h_boundary_step=4 * shard)
     if mode == "optimizer":
-        return OffloadTraffic(0, 0, 4 * shard, accumulate_up, 2 * shard, nvme_read_step, nvme_write_step,
-                              nvme_read_micro, k, settings)
+        return OffloadTraffic(0, 0, 4 * shard, 0, 2 * shard, nvme_read_step, nvme_write_step, nvme_read_micro, k,
+                              settings)
     return OffloadTraffic(2 * shard, 2 * shard, 4 * shard, 0, 0, nvme_read_step, nvme_write_step, nvme_read_micro,
                           k, settings)
 
@@ -438,7 +456,7 @@ def offload_step_time(params: int, tokens_per_micro_batch: int, mode: str, *, im
     nvme_micro = traffic.nvme_read_micro / nvme_bw if nvme_bw else 0.0
     h2d_f = traffic.h2d_forward_micro / bw
     h2d_b = (traffic.h2d_backward_micro + traffic.h2d_accumulate_step / k) / bw
-    d2h_b = traffic.d2h_backward_micro / bw
+    d2h_b = (traffic.d2h_backward_micro + traffic.d2h_boundary_step / k) / bw
     if overlap:
         # NVMe reads for the weights feed the H2D copies: the slower of the two paces each phase.
         micro = max(fwd, h2d_f, nvme_micro / 2) + max(bwd, h2d_b, d2h_b, nvme_micro / 2)

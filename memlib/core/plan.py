@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .choices import FRAMEWORK_SUPPORT, FRAMEWORKS, RECOMPUTE
+from .choices import FRAMEWORK_SUPPORT, FRAMEWORKS
 from .configs import ModelConfig, load_config
 from .dtypes import GB, GiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
@@ -18,6 +18,7 @@ from .inference import (DEFAULT_CUDA_CONTEXT, DEFAULT_FRAGMENTATION, reserve_byt
 from .lora import lora_params, qlora_base_bytes
 from .params import count_params
 from .search import bisect_last
+from .checkpointing import recompute_overhead
 from .setup import TrainingSetup
 
 __all__ = ["JOBS", "PRIORITY", "PlanStep", "Plan", "plan", "recompute_overhead", "DEFAULT_RESERVE",
@@ -105,25 +106,6 @@ class Plan:
         return asdict(self)
 
 
-def recompute_overhead(model: str | Path | dict[str, Any] | ModelConfig, seq_len: int, recompute: str) -> float:
-    """Extra training FLOPs of recomputation, as a fraction of a step without it. Introduced in Chapter 13.
-
-    A step is forward (F) + backward (2F). Full recomputation runs the forward again: F / 3F = 1/3.
-    Selective recomputation (Korthikanti et al. 2022) re-runs only the attention core, QKᵀ and PV:
-    4·s·a·d FLOPs per token and layer (causal kernels skip about half of it; not counted here).
-    """
-    cfg = load_config(model)
-    check_choice("recompute", recompute, RECOMPUTE)
-    if recompute == "none":
-        return 0.0
-    if recompute == "full":
-        return 1 / 3
-    n = count_params(cfg).params
-    core = 4 * seq_len * cfg.q_dim * cfg.num_layers  # per token, forward
-    forward = 2 * n + core
-    return core / (3 * forward)
-
-
 def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: int, n_gpus: int) -> str:
     n = count_params(cfg).params
     if technique == "baseline":
@@ -167,7 +149,8 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
             from .offload import offload_traffic
 
             traffic = float(offload_traffic(n, setup.offload, implementation=framework_for(setup).offload_traffic,
-                                            num_gpus=shard).link_bytes)
+                                            num_gpus=shard, grad_accum_steps=accumulation,
+                                            zero_stage=setup.zero_stage).link_bytes)  # every micro-batch
         else:
             traffic = 2 * 4 * lora_params(cfg, setup.lora_rank)
             if setup.offload == "params+optimizer":  # the weights come up for forward and again for backward
@@ -181,7 +164,7 @@ def _cost(technique: str, cfg: ModelConfig, setup: TrainingSetup, accumulation: 
 def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train", num_gpus: int = 1,
          gpu_memory: int | str = 80 * GiB, batch_size: int = 1, seq_len: int = 2048,
          reserve: int | str = DEFAULT_RESERVE, fragmentation: float = DEFAULT_FRAGMENTATION, lora_rank: int = 16,
-         search_gpus: bool = True, framework: str = "pytorch") -> Plan:
+         search_gpus: bool = True, framework: str = "pytorch", grad_accum: int = 1) -> Plan:
     """Find the cheapest combination of techniques, in the priority order of the two source notes, that fits.
 
     Introduced in Chapter 13. Training jobs climb the ladder bf16 mixed precision → FlashAttention →
@@ -216,6 +199,8 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         fragmentation: fraction of the estimate added for allocator fragmentation (default 0.05).
         lora_rank: LoRA rank for the LoRA rungs.
         framework: the training framework (:data:`memlib.core.choices.FRAMEWORKS`, default ``pytorch``).
+        grad_accum: micro-batches per optimizer step to start from (default 1; it divides ``batch_size``); the
+            gradient-accumulation rung may raise it. Every estimate and the offload traffic use the rung's value.
         search_gpus: when nothing fits, find the fewest GPUs (up to 4096) with which a plan fits. For training
             that is often none: with everything offloaded, each GPU still holds one micro-batch's activations
             and the gathered layers, which more data-parallel GPUs do not shrink.
@@ -244,6 +229,7 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     check_choice("framework", framework, FRAMEWORKS)
     inputs = {"model": cfg.name, "job": job, "num_gpus": n_gpus, "gpu_memory": mem, "batch_size": b,
               "seq_len": s, "reserve": res, "fragmentation": frag, "lora_rank": lora_rank, "framework": framework}
+    inputs.update({"grad_accum": grad_accum} if grad_accum != 1 else {})  # shown when set: default JSON as it was
     if job == "infer":
         return _plan_inference(cfg, n_gpus, mem, b, s, res, frag, inputs, search_gpus)
 
@@ -254,10 +240,13 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         return total + reserve_for(total) <= mem
 
     method = {"train": "full", "lora": "lora", "qlora": "qlora"}[job]
-    setup = TrainingSetup(batch_size=b, seq_len=s, precision="fp32", optimizer="adamw",
+    if b % check_positive("grad_accum", grad_accum):
+        raise MemlibError(f"invalid grad_accum {grad_accum}; expected a divisor of batch_size {b}")
+    setup = TrainingSetup(batch_size=b // grad_accum, seq_len=s, precision="fp32", optimizer="adamw",
                           zero_stage=FRAMEWORK_SUPPORT[framework][0][0], num_gpus=n_gpus, recompute="none",
-                          attention="eager", offload="none", method=method, lora_rank=lora_rank, framework=framework)
-    accumulation = 1  # micro-batches per optimizer step: setup.batch_size × accumulation = b
+                          attention="eager", offload="none", method=method, lora_rank=lora_rank, framework=framework,
+                          grad_accum=grad_accum)
+    accumulation = grad_accum  # micro-batches per optimizer step: setup.batch_size × accumulation = b
     accumulate = False  # whether the gradient accumulation rung has been climbed
 
     def est(st: TrainingSetup) -> tuple[int, int]:
@@ -268,11 +257,11 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         """With accumulation on: the largest micro-batch dividing the batch that fits (1 if none does)."""
         if not accumulate:
             return st, acc
-        for m in sorted((d for d in range(1, b + 1) if b % d == 0), reverse=True):
-            trial = replace(st, batch_size=m)
+        for m in sorted((d for d in range(1, b // grad_accum + 1) if b % d == 0), reverse=True):
+            trial = replace(st, batch_size=m, grad_accum=b // m)
             if fits_mem(est(trial)[0]):
                 return trial, b // m
-        return replace(st, batch_size=1), b
+        return replace(st, batch_size=1, grad_accum=b), b
 
     steps: list[PlanStep] = []
 
@@ -311,7 +300,8 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         if search_gpus:
             more = _min_gpus(lambda n: plan(cfg, job=job, num_gpus=n, gpu_memory=mem, batch_size=b, seq_len=s,
                                             reserve=res, fragmentation=frag, lora_rank=lora_rank,
-                                            search_gpus=False, framework=framework).fits, n_gpus)
+                                            search_gpus=False, framework=framework,
+                                            grad_accum=grad_accum).fits, n_gpus)
         return Plan(False, None, closest, steps, more, inputs)
     chosen = _prune(steps, chosen_idx, setup, accumulation, est, fits_mem, reserve_for, method, framework)
     notes = []
@@ -358,7 +348,11 @@ def _offload(mode: str) -> Change:
         stages, offloads, _ = FRAMEWORK_SUPPORT[setup.framework]
         if mode not in offloads:
             return None
-        return replace(setup, offload=mode, zero_stage=3 if mode == "params+optimizer" else setup.zero_stage)
+        # offload steps on the CPU with DeepSpeedCPUAdam (bitsandbytes' 8-bit kernels are GPU-only): no framework
+        # runs 8-bit AdamW with offload, so the rung goes back to AdamW
+        optimizer = "adamw" if setup.optimizer == "adamw-8bit" else setup.optimizer
+        return replace(setup, offload=mode, optimizer=optimizer,
+                       zero_stage=3 if mode == "params+optimizer" else setup.zero_stage)
     return apply
 
 
@@ -420,7 +414,7 @@ def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: 
     A rung whose removal would leave a combination the framework does not support (ZeRO-1 under ZeRO-3,
     the switch to DeepSpeed under DeepSpeed's offload) stays."""
     final, final_acc = setup, accumulation
-    b = steps[0].settings["batch_size"]
+    b0, acc0 = steps[0].settings["batch_size"], steps[0].settings["accumulation_steps"]  # the baseline's
     for i in range(idx - 1, 0, -1):
         st = steps[i]
         if not st.applicable or (st.technique not in _OFF and st.technique != "LoRA / QLoRA"):
@@ -442,7 +436,7 @@ def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: 
         except MemlibError:
             continue  # the framework needs this rung for the rungs above it
         if st.technique == "gradient accumulation":
-            trial, trial_acc = replace(trial, batch_size=b), 1
+            trial, trial_acc = replace(trial, batch_size=b0, grad_accum=acc0), acc0
         needed = not fits_mem(est(trial)[0])
         steps[i] = PlanStep(st.technique, st.settings, st.per_gpu_bytes, st.cpu_bytes, st.fits, st.cost, True, needed,
                             st.reserve_bytes)

@@ -49,6 +49,12 @@ class TrainingSetup:
             default) keeps the Reducer's flat gradient buckets beside the gradients, one more gradient copy;
             True makes the gradients views of the buckets (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
             Without DDP (one GPU) it changes nothing.
+        grad_accum: micro-batches per optimizer step (gradient accumulation, default 1; not the pipeline's
+            ``micro_batches``). Each framework object models what it changes
+            (:meth:`memlib.core.frameworks.base.Framework.backward_extra`): today only DeepSpeed's ZeRO-1, which
+            keeps the full 16-bit gradients between micro-batches where ZeRO-2 reduces them into its partition,
+            and the offload traffic (:func:`memlib.core.offload.offload_traffic`); the other frameworks' peaks do
+            not depend on it.
 
     Raises:
         MemlibError: on construction, for a bad value (one line naming it and the valid choices) or a
@@ -80,6 +86,7 @@ class TrainingSetup:
     framework: str = "pytorch"
     gradient_as_bucket_view: bool = False
     etp: int | None = None
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
@@ -94,7 +101,8 @@ class TrainingSetup:
         check_choice("pipeline schedule", self.pp_schedule, SCHEDULES)
         for field, label in (("num_gpus", "num_gpus"), ("batch_size", "batch_size"), ("seq_len", "seq_len"),
                              ("checkpoint_every", "checkpoint_every"), ("lora_rank", "lora rank"), ("tp", "tp"),
-                             ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches")):
+                             ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("micro_batches", "micro_batches"),
+                             ("grad_accum", "grad_accum")):
             object.__setattr__(self, field, check_positive(label, getattr(self, field)))
         if self.etp is not None:
             check_positive("etp", self.etp)

@@ -41,9 +41,13 @@ __all__ = [
 def estimate_training(*args: Any, **kwargs: Any) -> Any:
     """:func:`memlib.core.estimate.estimate_training` with ``framework="deepspeed"``: the drills and the model
     answers count model states as the ZeRO paper does (16-bit params and grads, fp32 master and Adam states,
-    partitioned by ZeRO stage; DeepSpeed's layout, :mod:`memlib.core.frameworks`)."""
+    partitioned by ZeRO stage; DeepSpeed's layout, :mod:`memlib.core.frameworks`). ZeRO-1 is the paper's P_os,
+    all gradients kept: DeepSpeed's ZeRO-1 with gradient accumulation (``grad_accum=2`` unless given; with one
+    micro-batch per step it frees them as ZeRO-2 does)."""
     from ..core.estimate import estimate_training as estimate
 
+    if kwargs.get("zero_stage") == 1 and kwargs.get("setup") is None:
+        kwargs.setdefault("grad_accum", 2)
     return estimate(*args, framework="deepspeed", **kwargs)
 
 

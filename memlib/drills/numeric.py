@@ -69,6 +69,7 @@ def _model_states(rng: random.Random, seed: int) -> Drill:
          f"{_OPT_WORDS[optimizer]}, {_zero_words(stage, gpus)}. How many GB (10⁹ bytes) of model states "
          f"(weights + gradients + optimizer states) does each GPU hold?")
     w, g, o = state_bytes_per_param(precision, optimizer)
+    o += w if stage >= 1 and precision in ("fp32", "bf16") else 0  # DeepSpeedZeroOptimizer's partition clone
     how = (f"estimate_training(params={billions}e9, precision='{precision}', optimizer='{optimizer}', "
            f"zero_stage={stage}, num_gpus={gpus}): {w:g} + {g:g} + {o:g} bytes/param before sharding → "
            f"weights {_gb(e.params_bytes, 2)}, grads {_gb(e.grads_bytes, 2)}, optimizer {_gb(e.optimizer_bytes, 2)}")
@@ -130,6 +131,7 @@ def _training_peak(rng: random.Random, seed: int) -> Drill:
     attention = rng.choice(("sdpa", "sdpa", "eager"))
     n = count_params(model).params
     w, g, o = state_bytes_per_param(precision, optimizer)
+    o += w if stage >= 1 and precision in ("fp32", "bf16") else 0  # DeepSpeedZeroOptimizer's partition clone
     states = estimate_training(params=n, precision=precision, optimizer=optimizer, zero_stage=stage,
                                num_gpus=gpus).total_bytes
     acts = korthikanti_bytes(model, b, s, attention, recompute)

@@ -1,17 +1,27 @@
 """DeepSpeed ZeRO stages 0-3, ZeRO-Offload and ZeRO-Infinity's parameter offload (pure Python, Chapters 1, 6, 7).
 
-``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``: the ZeRO paper's accounting (Rajbhandari et al.
-2020, §5, ``rajbhandari2020zero``): 16-bit params 2 + 16-bit grads 2 + fp32 master, m, v 12, partitioned by stage
-(Table 1 stays exact), plus the step's fp32 gradient partition (:meth:`DeepSpeed.optimizer_step_bytes`) and the
-reduce bucket (:meth:`DeepSpeed.comm_buffers`).
+``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py`` (DeepSpeed 0.19.8): the ZeRO paper's accounting
+(Rajbhandari et al. 2020, §5, ``rajbhandari2020zero``): 16-bit params 2 + 16-bit grads 2 + fp32 master, m, v 12,
+partitioned by stage, plus the step's fp32 gradient partition (:meth:`DeepSpeed.optimizer_step_bytes`) and the
+reduce bucket (:meth:`DeepSpeed.comm_buffers`). Where the code departs from the paper's Table 1:
+
+- ZeRO-1 frees the gradients outside its partition bucket by bucket as ZeRO-2 does, at the micro-batch that ends
+  the accumulation (``reduce_ready_partitions_and_remove_grads``: ``if self.partition_gradients or
+  self.is_gradient_accumulation_boundary()``): with one micro-batch per step it is ZeRO-2 byte for byte; with
+  ``grad_accum`` > 1 it keeps all 16-bit gradients between micro-batches (:meth:`DeepSpeed.backward_extra`).
+- ``DeepSpeedZeroOptimizer`` always clones its partition into a master copy, also in fp32 and pure bf16
+  (:meth:`DeepSpeed.model_state_bytes`); stage 0 in mixed precision is ``FP16_Optimizer``.
+- The model is the steady state: ZeRO optimizers create Adam's m and v at the first step, so the first step's
+  peak differs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from ..configs import ModelConfig
 from ..setup import TrainingSetup
-from .base import Framework
+from .base import Framework, Saved
 
 __all__ = ["DeepSpeed", "DEEPSPEED", "DS_REDUCE_BUCKET", "DS_SUB_GROUP_SIZE"]
 
@@ -32,10 +42,16 @@ class DeepSpeed(Framework):
                     setup: TrainingSetup) -> tuple[int, int]:
         """ZeRO-3's gathered layers (``deepspeed/runtime/zero/partitioned_param_coordinator.py``).
 
-        U is the largest unit (a decoder layer or the V·h embedding; DeepSpeed's
-        ``estimate_zero3_model_states_mem_needs`` takes the largest layer too): the module being computed and the
+        U is the largest unit (a decoder layer or the V·h embedding): the module being computed and the
         prefetched next, gathered in the base weight dtype w: 2·w·U; one module's 16-bit gradients g·U until
         reduce-scattered (full fine-tuning only: LoRA's frozen base has none). (0, 0) below stage 3.
+        A lower bound of what DeepSpeed holds: it gathers per submodule, prefetches up to
+        ``prefetch_bucket_size`` (5·10⁷ elements), caps the gathered total at ``max_live_parameters`` (10⁹) and
+        keeps what is reused within ``max_reuse_distance`` (10⁹ elements), so near the forward→backward turn
+        several layers stay gathered; parameters under ``stage3_param_persistence_threshold`` (10⁵ elements) stay
+        gathered on every rank. (DeepSpeed's own ``estimate_zero3_model_states_mem_needs`` takes the largest
+        single module, ``parameters(recurse=False)``, not a decoder layer.) Nothing is gathered at the step:
+        ``stage3.py``'s ``step()`` calls ``_partition_all_parameters()`` first (:meth:`working_set_at_step`).
         """
         if cfg is None or setup.zero_stage != 3:
             return 0, 0
@@ -45,6 +61,58 @@ class DeepSpeed(Framework):
         g = self.state_bytes(setup.precision, setup.optimizer)[1]
         return int(2 * base_per_param * biggest), int(g * biggest) if full else 0
 
+    def working_set_at_step(self, setup: TrainingSetup) -> bool:
+        """ZeRO-3 releases every gathered parameter before stepping (``stage3.py``, ``step``:
+        ``self._partition_all_parameters()``): nothing of the working set is live at the step."""
+        return setup.zero_stage != 3
+
+    def model_state_bytes(self, cfg: ModelConfig | None, n: int, small: int,
+                          setup: TrainingSetup) -> tuple[int, int, int, int]:
+        """:meth:`Framework.model_state_bytes`, plus the master copy ``DeepSpeedZeroOptimizer`` clones at ZeRO ≥ 1
+        in fp32 and pure bf16 (``stage_1_and_2.py``: ``single_partition_of_fp32_groups[i] =
+        self.parallel_partitioned_bit16_groups[i][partition_id].to(self.device).clone().float().detach()``;
+        pure bf16 needs ``bf16_master_weights_and_grads``, which keeps that copy in bf16): fp32 4 + 4 + 12/N,
+        pure bf16 2 + 2 + (2 + 4)/N. Stage 0 without mixed precision steps the client's optimizer: no copy."""
+        p, g, o, n_train = super().model_state_bytes(cfg, n, small, setup)
+        if setup.method == "full" and setup.zero_stage >= 1 and setup.precision in ("fp32", "bf16"):
+            o += int(self.layout(setup.precision)[0] * n)
+        return p, g, o, n_train
+
+    def shard_stage(self, setup: TrainingSetup) -> int:
+        """ZeRO-1 with one micro-batch per step shards the gradients as ZeRO-2 does (the rank's partition is what
+        stays); with ``grad_accum`` > 1 it keeps all of them between micro-batches, the ZeRO paper's P_os
+        (2Ψ + 2Ψ + KΨ/N, its Table 1: :meth:`keeps_all_gradients`)."""
+        return 2 if setup.zero_stage == 1 and not self.keeps_all_gradients(setup) else setup.zero_stage
+
+    def keeps_all_gradients(self, setup: TrainingSetup) -> bool:
+        """Whether all 16-bit gradients stay between micro-batches: ZeRO-1 with ``grad_accum`` > 1 (``stage_1_and_2.py``, ``reduce_ready_partitions_and_remove_grads`` reduces before the boundary only
+        when ``self.partition_gradients``; ZeRO-2 reduces every micro-batch into its partition)."""
+        return setup.zero_stage == 1 and setup.grad_accum > 1 and setup.method == "full"
+
+    def backward_extra(self, cfg: ModelConfig, setup: TrainingSetup, saved: Saved, g_bytes: int, n: int,
+                       layer_params: int, generic_peak: Callable[[int], int]) -> int:
+        """ZeRO-1 with gradient accumulation: from the second micro-batch on every backward pass starts with all
+        16-bit gradients (g·Ψ, ``g_bytes`` unsharded) and the reduce bucket (allocated at the first gradient hook, ``setup_buckets``,
+        released in the backward epilogue, ``_release_ipg_buffers``); new gradients add into them in place. The
+        other stages: :meth:`Framework.backward_extra` (the rank's partition accumulating, the bucket on top), with
+        ZeRO-3's gathered layers (:meth:`working_set`), which the estimate leaves out of the step."""
+        if self.keeps_all_gradients(setup):
+            return generic_peak(0) + g_bytes + self.comm_buffers(setup)[0]
+        extra = super().backward_extra(cfg, setup, saved, g_bytes, n, layer_params, generic_peak)
+        if setup.zero_stage in (1, 2) and setup.offload == "none":
+            # reducing a bucket flattens its gradients (average_tensor -> allreduce_and_scatter ->
+            # allreduce_bucket: self.flatten(bucket)), a bucket-sized 16-bit copy beside the bucket; measured on
+            # CPU it sets the backward peak of a model smaller than the bucket (its gradients are views of it,
+            # reduced in the backward epilogue)
+            g = self.state_bytes(setup.precision, setup.optimizer)[1]
+            n_red = n if setup.method == "full" else 0
+            flat = int(g * min(DS_REDUCE_BUCKET, n_red))
+            extra = max(extra, self.comm_buffers(setup)[0] + flat)  # at the epilogue: activations freed
+        if setup.zero_stage == 3:  # the gathered layers, live in the backward pass but not at the step
+            p, g, o, n_train = self.model_state_bytes(cfg, n, 0, setup)
+            extra += sum(self.working_set(cfg, layer_params, self.shard(p, g, o, setup)[0], n, n_train, setup))
+        return extra
+
     def offload(self, p_bytes: int, g_bytes: int, o_bytes: int, n_train: int,
                 setup: TrainingSetup) -> tuple[int, int, int, int]:
         """``offload_optimizer`` (ZeRO-Offload, Ren et al. 2021, §4, ``ren2021zerooffload``): the optimizer states
@@ -52,11 +120,22 @@ class DeepSpeed(Framework):
         runs there; the GPU keeps the 16-bit weights and gradients. With ZeRO-2 each gradient goes to the host
         through the reduce bucket (``reduce_bucket_size`` = 5·10⁸ elements): the GPU holds at most g·5·10⁸ bytes
         of them. ``offload_param`` (ZeRO-Infinity, ``rajbhandari2021zeroinfinity``) moves the 16-bit weight
-        shards too; the GPU holds only gathered layers."""
+        shards too; the GPU holds only gathered layers. ZeRO-1 sends its gradients through the bucket as ZeRO-2
+        does (at the boundary micro-batch; before it, with ``grad_accum`` > 1, it keeps them all on the GPU,
+        :meth:`backward_extra`).
+
+        Host memory beyond the states and the fp32 gradients (full fine-tuning): ZeRO-Offload stage 1/2 also pins
+        a 16-bit partition buffer (``stage_1_and_2.py``, ``param_buffer_of_bit16_for_cpu_offload_groups``,
+        2Ψ/N) and with ``grad_accum`` > 1 the 16-bit running sum (``accumulated_grads_in_cpu``, 2Ψ/N): 18Ψ/N, 20Ψ/N
+        with accumulation; ZeRO-3 keeps its gradient partitions' 16-bit flat buffer on the host (2Ψ/N)."""
         if setup.offload == "none":
             return p_bytes, g_bytes, o_bytes, 0
         cpu_bytes = o_bytes + -(-4 * n_train // setup.shards)
-        if setup.offload == "optimizer" and setup.zero_stage == 2 and setup.method == "full":
+        if setup.method == "full":
+            part = -(-2 * n_train // setup.shards)
+            cpu_bytes += part + (part if setup.zero_stage < 3 and setup.grad_accum > 1 else 0)
+        if (setup.offload == "optimizer" and setup.zero_stage in (1, 2) and setup.method == "full"
+                and not self.keeps_all_gradients(setup)):
             g_bytes = min(g_bytes, int(self.state_bytes(setup.precision, setup.optimizer)[1] * DS_REDUCE_BUCKET))
         if setup.offload == "params+optimizer":
             cpu_bytes += p_bytes
@@ -85,27 +164,30 @@ class DeepSpeed(Framework):
         """The step's fp32 gradient partition (the default optimizer is ``FusedAdam``,
         ``deepspeed/ops/adam/fused_adam.py``: no temporary of its own; ``optimizer_impl`` is ignored).
 
-        Stages 0–2: ``DeepSpeedZeroOptimizer.step`` flattens the rank's gradient partition and converts it to
+        Stages 1–2: ``DeepSpeedZeroOptimizer.step`` flattens the rank's gradient partition and converts it to
         fp32 (``single_grad_partition = self.flatten_dense_tensors_aligned(self.averaged_gradients[i], ...)
         .to(fp32)``, assigned to ``single_partition_of_fp32_groups[i].grad``, freed after the step): the flat
         16-bit copy ``torch.cat`` makes and its fp32 conversion coexist, 2·Ψ/N + 4·Ψ/N in mixed precision (the
-        flat copy alone when the dtype already matches); the trace's DeepSpeed recipe
-        (:mod:`memlib.measure.recipes`) holds the same. Stage 3 (``stage3.py``,
-        ``_prepare_fp32_grad_for_sub_group``) does it one sub-group at a time: 4·min(``sub_group_size`` = 10⁹,
-        ⌈Ψ/N⌉). Stage 0 is ``BF16_Optimizer``/``FP16_Optimizer`` in mixed precision (the same fp32 flatten,
-        N = 1) and the bare optimizer in fp32 or pure bf16 (0). With offload the step runs on the CPU: 0.
+        flat copy alone when the dtype already matches). Stage 3 (``stage3.py``,
+        ``_prepare_fp32_grad_for_sub_group``: ``self.flatten(self.averaged_gradients[sub_group_id]).to(fp32)``)
+        does the same one sub-group at a time: (2 + 4)·min(``sub_group_size`` = 10⁹, ⌈Ψ/N⌉) in mixed precision.
+        Stage 0 in mixed precision is ``FP16_Optimizer`` (the engine's ``_do_optimizer_sanity_check`` routes bf16
+        there too while ``grad_accum_dtype`` is the model's): its step makes per-parameter fp32 gradient copies
+        (4Ψ) and flattens them (4Ψ): 8Ψ, so 2 + 2 + 12 + 8 = 24 bytes/param at the step. In fp32 or pure bf16
+        stage 0 steps the client's optimizer (0 here). With offload the step runs on the CPU: 0.
         """
         if setup.offload != "none":
             return 0
         n_step = n if setup.method == "full" else n_train
-        if setup.zero_stage == 0 and setup.precision in ("fp32", "bf16"):
-            return 0  # no ZeRO optimizer wrapper: the client's optimizer steps the parameters
+        mixed = setup.precision.endswith("-mixed")
+        if setup.zero_stage == 0:
+            return 8 * n_step if mixed else 0  # FP16_Optimizer; else no ZeRO wrapper: the client's optimizer
         part = -(-n_step // setup.shards)
-        if setup.zero_stage == 3:
-            v_bytes = 2 if setup.precision == "bf16" and setup.method == "full" else 4
-            return v_bytes * min(DS_SUB_GROUP_SIZE, part)
         flat = 4 if setup.precision == "fp32" or setup.method != "full" else 2  # torch.cat's flat copy
-        return (flat + (4 if setup.precision.endswith("-mixed") else 0)) * part  # + its fp32 conversion
+        per = flat + (4 if mixed and setup.method == "full" else 0)  # + its fp32 conversion
+        if setup.zero_stage == 3:
+            return per * min(DS_SUB_GROUP_SIZE, part)
+        return (flat + (4 if mixed else 0)) * part
 
 
 #: The DeepSpeed framework object.

@@ -9,6 +9,13 @@ params and the ``main_grad`` buffer stay whole. ``main_grad`` is one buffer, all
 ``param.main_grad.add_(param.grad.data)``, ``param.grad = None``), so the whole 4 B/param is live through the
 backward pass, not only at the step. Its optimizer is fused Adam, whose main params' gradients are views of
 ``main_grad``: no step temporaries.
+
+The fp32 ``main_grad`` is bf16's: ``megatron/training/arguments.py`` sets ``grad_reduce_in_fp32`` under
+``--bf16`` only. Under ``--fp16`` the gradient buffer is 16-bit and the step copies each main parameter's
+gradient to fp32 (``optimizer.py``, ``_copy_model_grads_to_main_grads``: ``main_param.grad =
+model_param.main_grad.float()``): 2 + 2 + 16 = 20 bytes/param, 4 + 16/d with the distributed optimizer
+(Megatron-LM docs, "Distributed Optimizer", its table), the fp32 gradient copies counted with the optimizer's
+states as that table does. Gradient accumulation (``grad_accum``) accumulates into ``main_grad``: no change.
 """
 from __future__ import annotations
 
@@ -99,6 +106,22 @@ class Megatron(Framework):
             return super().parallel_activation_terms(cfg, setup)
         e = 4 if setup.precision == "fp32" else 2
         return megatron_core_activation_terms(cfg, setup.batch_size, setup.seq_len, e, setup.attention)
+
+    def layout(self, precision: str) -> tuple[float, float, float, float]:
+        """bf16-mixed 2 + 4 (fp32 ``main_grad``) + 4 + 2·4; fp16-mixed keeps a 16-bit gradient buffer: 2 + 2 + ..."""
+        if precision == "fp16-mixed":
+            return 2.0, 2.0, 4.0, 4.0
+        return super().layout(precision)
+
+    def state_bytes(self, precision: str, optimizer: str) -> tuple[float, float, float]:
+        """:meth:`Framework.state_bytes`, with the fp32 gradient copies of fp16 (4 bytes/param) in the states."""
+        w, g, k = super().state_bytes(precision, optimizer)
+        return w, g, k + (4.0 if precision == "fp16-mixed" else 0.0)
+
+    def optimizer_state_bytes(self, n_params: int, small_params: int, precision: str, optimizer: str) -> int:
+        """:meth:`Framework.optimizer_state_bytes` + fp16's fp32 gradient copies (4 bytes/param)."""
+        extra = 4 * n_params if precision == "fp16-mixed" and optimizer == "adamw-8bit" else 0
+        return super().optimizer_state_bytes(n_params, small_params, precision, optimizer) + extra
 
     def backward_extra(self, cfg: ModelConfig, setup: TrainingSetup, saved: Saved, g_bytes: int, n: int,
                        layer_params: int, generic_peak: Callable[[int], int]) -> int:

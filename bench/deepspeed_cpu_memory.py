@@ -1,0 +1,109 @@
+"""Measure the real DeepSpeed engine's tensor memory on CPU, ZeRO stages 0-3, one and several micro-batches (issue 42).
+
+Run (two gloo ranks; DeepSpeed JIT-builds its CPU ops with g++ on first use)::
+
+    DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=/tmp/ds_ext torchrun --nproc_per_node 2 \
+        bench/deepspeed_cpu_memory.py --stage 2 --grad-accum 1 --out /tmp/ds_z2_k1.json
+
+A ``TorchDispatchMode`` entered before the model is built registers every op's output storage once, and a
+``weakref.finalize`` on it removes the bytes when it dies: the live bytes of rank 0 and their peak over the second
+optimizer step (the steady state: ZeRO creates Adam's m and v at the first step). The tiny Llama is bf16-mixed,
+``{"type": "Adam"}`` (DeepSpeed's FusedAdam), ``stage3_param_persistence_threshold`` 0 so that ZeRO-3 partitions
+every parameter. Allocations inside c10d kernels (gloo's buffers) are not seen.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+CONFIG = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=False)
+SEQ = 16
+
+
+class Live(TorchDispatchMode):
+    """Live CPU tensor bytes, one count per storage, and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.total = self.peak = 0
+
+    def add(self, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in self.live or st.nbytes() == 0:
+            return
+        self.live[key] = st.nbytes()
+        self.total += st.nbytes()
+        self.peak = max(self.peak, self.total)
+        weakref.finalize(st, self.remove, key)
+
+    def remove(self, key: int) -> None:
+        self.total -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            self.add(t)
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import deepspeed
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    deepspeed.init_distributed(dist_backend="gloo")
+    world = torch.distributed.get_world_size()
+    ds_config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": args.grad_accum,
+                 "bf16": {"enabled": True}, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+                 "zero_optimization": {"stage": args.stage, "stage3_param_persistence_threshold": 0}}
+    tracker = Live()
+    with tracker:
+        model = LlamaForCausalLM(LlamaConfig(**CONFIG, attn_implementation="sdpa"))
+        for p in model.parameters():
+            tracker.add(p)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        ids = torch.randint(0, CONFIG["vocab_size"], (1, SEQ))
+        peaks = []
+        for _step in range(2):
+            tracker.peak = tracker.total
+            for _micro in range(args.grad_accum):
+                loss = engine(input_ids=ids, labels=ids).loss
+                engine.backward(loss)
+                engine.step()
+                del loss
+            peaks.append(tracker.peak)
+    n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    result = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "stage": args.stage,
+              "grad_accum": args.grad_accum, "world_size": world, "params": n_params, "seq_len": SEQ,
+              "config": CONFIG, "peak_step1_bytes": peaks[0], "peak_bytes": peaks[1],
+              "reduce_bucket_bytes": 2 * 500_000_000 if args.stage >= 1 else 0,
+              "optimizer": type(engine.optimizer).__name__,
+              "command": f"DS_ACCELERATOR=cpu torchrun --nproc_per_node {world} bench/deepspeed_cpu_memory.py "
+                         f"--stage {args.stage} --grad-accum {args.grad_accum}"}
+    if torch.distributed.get_rank() == 0:
+        text = json.dumps(result, indent=1)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        print(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    main()

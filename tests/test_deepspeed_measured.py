@@ -1,0 +1,78 @@
+"""The estimator against the real DeepSpeed engine measured on CPU (issue 42).
+
+``tests/fixtures/deepspeed_cpu.json`` holds what ``bench/deepspeed_cpu_memory.py`` measured: DeepSpeed's engine on
+two gloo ranks (``DS_ACCELERATOR=cpu``), a tiny Llama in bf16 with ``{"type": "Adam"}`` (FusedAdam), rank 0's live
+tensor bytes and their peak over the second optimizer step (ZeRO creates Adam's m and v at the first step: the
+model is the steady state). Each record names the DeepSpeed version and the command. The estimate must be within
+3 % of the measured peak less the reduce bucket (5·10⁸ bf16 elements, allocated in full whatever the model).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memlib.core.estimate import estimate_training
+
+FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed_cpu.json"
+RECORDS = json.loads(FIXTURE.read_text(encoding="utf-8"))
+
+
+def _config(rec: dict) -> dict:
+    c = rec["config"]
+    return {"model_type": "llama", **c, "rms_norm_eps": 1e-6}
+
+
+def _estimate(rec: dict) -> int:
+    e = estimate_training(_config(rec), batch_size=1, seq_len=rec["seq_len"], precision="bf16-mixed",
+                          framework="deepspeed", zero_stage=rec["stage"], num_gpus=rec["world_size"],
+                          grad_accum=rec["grad_accum"], optimizer_impl="fused")
+    return e.total_bytes
+
+
+def _by(stage: int, k: int) -> dict:
+    return next(r for r in RECORDS if (r["stage"], r["grad_accum"]) == (stage, k))
+
+
+def _less_bucket(rec: dict, total: int) -> int:
+    return total - rec["reduce_bucket_bytes"]
+
+
+def test_the_fixture_names_its_engine_and_command() -> None:
+    assert {(r["stage"], r["grad_accum"]) for r in RECORDS} == {(z, k) for z in range(4) for k in (1, 2)}
+    assert all(r["deepspeed"] == "0.19.8" and r["world_size"] == 2 and "torchrun" in r["command"] for r in RECORDS)
+    assert {r["stage"]: r["optimizer"] for r in RECORDS} == {0: "FP16_Optimizer", 1: "DeepSpeedZeroOptimizer",
+                                                           2: "DeepSpeedZeroOptimizer",
+                                                           3: "DeepSpeedZeroOptimizer_Stage3"}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_stage0_is_fp16_optimizer_24_bytes_per_param(k: int) -> None:
+    """Stage 0 in bf16 runs FP16_Optimizer: 2 + 2 + 12 + 8 bytes/param at the step, measured within 3 %."""
+    rec = _by(0, k)
+    est, measured = _estimate(rec), rec["peak_bytes"]
+    assert abs(est - measured) <= 0.03 * measured
+    assert round(measured / rec["params"]) == 24
+
+
+def test_zero1_measures_as_zero2_with_one_micro_batch() -> None:
+    z1, z2 = _by(1, 1), _by(2, 1)
+    assert abs(z1["peak_bytes"] - z2["peak_bytes"]) <= 0.001 * z2["peak_bytes"]  # measured
+    assert _estimate(z1) == _estimate(z2)  # estimated
+    assert _by(1, 2)["peak_bytes"] > z1["peak_bytes"] and _estimate(_by(1, 2)) > _estimate(z1)
+
+
+_GAP = pytest.mark.xfail(strict=True, reason="open (issue 42): on the tiny Llama the engine holds about 1.1 B/param "
+                         "more than the estimate with ZeRO-2 and accumulation, and about 1.4 B/param more at ZeRO-3's "
+                         "step; not yet attributed to a buffer")
+#: Within 3 % today: ZeRO-1 and ZeRO-2 at one micro-batch (the bucket's flatten copy sets the peak), ZeRO-1 with two.
+_MATCHED = {(1, 1), (2, 1), (1, 2)}
+
+
+@pytest.mark.parametrize("rec", [pytest.param(r, marks=[] if (r["stage"], r["grad_accum"]) in _MATCHED else [_GAP],
+                                              id=f"zero{r['stage']}-k{r['grad_accum']}")
+                                 for r in RECORDS if r["stage"] > 0])
+def test_estimate_within_3_percent_of_the_engine_less_the_bucket(rec: dict) -> None:
+    measured, estimated = _less_bucket(rec, rec["peak_bytes"]), _less_bucket(rec, _estimate(rec))
+    assert abs(estimated - measured) <= 0.03 * measured
