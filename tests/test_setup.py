@@ -30,7 +30,8 @@ from memlib.core.setup import InferenceSetup, TrainingSetup
     ("offload", "all", "unknown offload 'all'; expected one of: none, optimizer, params+optimizer"),
     ("method", "dora", "unknown method 'dora'; expected one of: full, lora, qlora"),
     ("lora_targets", "mlp", "unknown lora targets 'mlp'; expected one of: all-linear, attention, qv"),
-    ("pp_schedule", "zb", "unknown pipeline schedule 'zb'; expected one of: gpipe, 1f1b, interleaved"),
+    ("pp_schedule", "zb", "unknown pipeline schedule 'zb'; expected one of: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipe,"
+                    " dualpipev"),
     ("batch_size", 0, "batch_size must be an integer ≥ 1, got 0"),
     ("lora_rank", -2, "lora rank must be an integer ≥ 1, got -2"),
     ("tp", 0, "tp must be an integer ≥ 1, got 0"),
