@@ -79,7 +79,7 @@ def echo_settings(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train
     if setup.precision == "fp8-mixed":  # Chapter 17
         settings["fp8_recipe"] = setup.fp8_recipe
     if setup.loss != "standard":
-        settings.update(loss=setup.loss, loss_chunk=setup.loss_chunk)
+        settings.update(loss=setup.loss, **({"loss_chunk": setup.loss_chunk} if setup.loss == "chunked" else {}))
     if setup.method != "full":
         settings.update(lora_rank=setup.lora_rank, lora_targets=setup.lora_targets)
     if cfg is not None:
