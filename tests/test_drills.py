@@ -160,7 +160,7 @@ def test_bank_entry_lines_are_joined_with_single_spaces() -> None:
     ({"answer": "one string"}, r"answer must be list"),
     ({"answer": []}, r"answer must be a non-empty list of strings"),
     ({"answer": ["ok", 3]}, r"answer must be a non-empty list of strings"),
-    ({"chapter": 17}, r"question 0 \('x-1'\): unknown chapter 17; expected one of: 1, 2"),
+    ({"chapter": 18}, r"question 0 \('x-1'\): unknown chapter 18; expected one of: 1, 2"),
     ({"difficulty": "X"}, r"question 0 \('x-1'\): unknown difficulty 'X'; expected one of: E, M, H"),
     ({"source": "blog"}, r"question 0 \('x-1'\): unknown source 'blog'"),
     ({"text": "   "}, r"id, text and answer must not be empty"),
