@@ -85,7 +85,7 @@ def test_fp8_saved_activations_match_the_cpu_trace(recipe: str, attention: str) 
     torch = pytest.importorskip("torch")
     if recipe != "blockwise":
         pytest.importorskip("torchao")
-    from memlib.measure.fp8 import saved_tensor_bytes, to_float8
+    from memlib._book.ch17_kernels_and_compilers import saved_tensor_bytes, to_float8
     from memlib.measure.hf_config import build_model
 
     b, s = 2, 256
@@ -102,8 +102,8 @@ def test_fp8_saved_activations_match_the_cpu_trace(recipe: str, attention: str) 
 
 def test_chunked_loss_saves_no_logits_on_cpu() -> None:
     torch = pytest.importorskip("torch")
-    from memlib.measure.fp8 import saved_tensor_bytes
-    from memlib.measure.losses import chunked_cross_entropy
+    from memlib._book.ch17_kernels_and_compilers import saved_tensor_bytes
+    from memlib._book.ch17_kernels_and_compilers import chunked_cross_entropy
 
     torch.manual_seed(0)
     T, h, V = 512, 64, 4096

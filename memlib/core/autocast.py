@@ -183,7 +183,7 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     g_all = int(g_bytes)
     candidates = [
         acts_bytes + autocast_forward_extra(cfg, setup),
-        acts_bytes - saved_logits + 2 * logsm,
+        acts_bytes - saved_logits + 3 * logsm,
         acts_bytes - saved_logits + 2 * rows * V + 6 * T * h + (2 * V * h + vh),
         acts_bytes - (outside - small) + int(g * (V * h + h)) + live_layer + mlp_temp,
         bottom + g_all - k_seg * grad_layer - (0 if cfg.tie_word_embeddings else vh) + mlp_temp,
@@ -243,7 +243,7 @@ def _gpt2_backward_moments(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     made -= 0 if cfg.tie_word_embeddings else vh
     return [
         acts_bytes + autocast_forward_extra(cfg, setup),
-        acts_bytes - labels - saved_logits + 2 * logsm,
+        acts_bytes - labels - saved_logits + 3 * logsm,
         acts_bytes - labels - saved_logits + 2 * rows * V + 6 * T * h + (2 * V * h + vh),
         top + layer,
         bottom - labels + made + layer,

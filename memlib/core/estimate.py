@@ -193,7 +193,7 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
     saved_logits, logsm, rows = loss_logits(cfg, setup)  # Chapter 17: standard, chunked or fused loss
     tied_sum = 2 * vh_grad if cfg.tie_word_embeddings else 0
     candidates = [
-        activations - saved_logits + 2 * logsm,
+        activations - saved_logits + 3 * logsm,  # the log-softmax (kept or re-made) and two gradients
         activations - saved_logits + e * rows * V + e * T * h + vh_grad,
         activations - saved_logits + head_grad + live_layer + mlp_temp,
     ]

@@ -15,7 +15,7 @@ bf16-mixed). What changes is what the Linears keep for backward. :func:`fp8_term
   per 1×128 tile (1 + 4/128 bytes per element) instead of the 16-bit input, one copy per Linear (q, k, v, gate and
   up quantize their shared input each; a fused QKV or gate-up GEMM keeps one). Weights are quantized in 128×128
   blocks from the master copy and not kept. Derived for the llama family (llama, mistral, qwen2); the book's
-  plain-PyTorch implementation (:mod:`memlib.measure.fp8`) is traced against it.
+  plain-PyTorch implementation (:mod:`memlib._book.ch17_kernels_and_compilers`) is traced against it.
 """
 from __future__ import annotations
 

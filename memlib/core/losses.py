@@ -4,7 +4,7 @@ Pure Python. The standard loss (transformers' ``ForCausalLMLoss``) upcasts the l
 log-softmax for backward, 4·b·s·V bytes: for Llama 3's 128,256-token vocabulary and one 8,192-token sequence,
 4.2 GB (GB = 10⁹). Its backward holds the log-softmax and its gradient, 2·4·b·s·V.
 
-* ``chunked``: the book's plain-PyTorch cross-entropy (:mod:`memlib.measure.losses`) runs the LM head and the loss
+* ``chunked``: the book's plain-PyTorch cross-entropy (:mod:`memlib._book.ch17_kernels_and_compilers`) runs the LM head and the loss
   over chunks of ``loss_chunk`` tokens, each under ``torch.utils.checkpoint``: the forward keeps no logits, the
   backward re-makes one chunk's at a time.
 * ``fused``: Liger-Kernel's fused linear cross-entropy (``liger_kernel/ops/fused_linear_cross_entropy.py``,
@@ -45,13 +45,15 @@ def loss_rows(cfg: ModelConfig, setup: TrainingSetup) -> int:
 
 
 def loss_logits(cfg: ModelConfig, setup: TrainingSetup) -> tuple[int, int, int]:
-    """(bytes of logits saved for backward, fp32 logits bytes live at the loss, chunk rows) (Chapter 17).
+    """(bytes the loss saves for backward, fp32 logits bytes live at the loss, chunk rows) (Chapter 17).
 
-    Standard: 4·b·s·V saved and live. Chunked and fused: nothing saved, 4·c·V live (one chunk).
+    Standard: 4·b·s·V saved and live. Chunked: nothing saved, 4·c·V live (one chunk). Fused: the hidden states'
+    gradient saved (e·b·s·h, freed by the loss's backward), 4·c·V live.
     """
     rows = loss_rows(cfg, setup)
     live = 4 * rows * cfg.vocab_size
-    return (live if setup.loss == "standard" else 0), live, rows
+    saved = {"standard": live, "chunked": 0, "fused": setup.act_bytes * setup.batch_size * setup.seq_len * cfg.hidden_size}
+    return saved[setup.loss], live, rows
 
 
 def loss_terms(cfg: ModelConfig, setup: TrainingSetup, terms: list[ActivationTerm]) -> list[ActivationTerm]:

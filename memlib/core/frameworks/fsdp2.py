@@ -159,7 +159,7 @@ def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int
     at_loss = p * u_l * (prefetch if zero3 else L)
     at_top = p * u_l * (1 + prefetch if zero3 else L)
     candidates = [
-        acts_bytes - saved_logits + 2 * logsm + p * u_r + at_loss,
+        acts_bytes - saved_logits + 3 * logsm + p * u_r + at_loss,
         acts_bytes - saved_logits + head_grads + p * u_r + at_top + live_layer + mlp_temp,
         -(-q * L * u_l // N) + (p + r) * u_r,
     ]
