@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .core.choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS,
-                           OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
+                           OPTIMIZERS, PRECISIONS, FP8_RECIPES, LOSSES, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GiB
 from .core.errors import MemlibError
@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq", "--seq-len", type=_positive_int, default=512, help="sequence length (default 512)")
     t.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    t.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="tensorwise",
+                   help="with --precision fp8-mixed (Chapter 17): tensorwise (default, torchao), rowwise (torchao) or "
+                        "blockwise (DeepSeek-V3: Linear inputs cached in FP8 with 1x128 scales)")
+    t.add_argument("--loss", choices=LOSSES, default="standard",
+                   help="standard (fp32 log-softmax of all logits saved), chunked (checkpointed chunks of "
+                        "--loss-chunk tokens) or fused (Liger's fused linear cross-entropy) (Chapter 17)")
+    t.add_argument("--loss-chunk", type=_positive_int, default=1024, help="tokens per chunk of --loss chunked")
     t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="torch.optim.AdamW implementation: foreach (default, CUDA's), fused or for-loop")
     t.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
@@ -557,7 +564,8 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          micro_batches=args.micro_batches, pp_schedule=args.pp_schedule,
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
                          gradient_as_bucket_view=args.bucket_view, etp=args.etp,
-                         grad_accum=args.grad_accum)
+                         grad_accum=args.grad_accum, fp8_recipe=args.fp8_recipe, loss=args.loss,
+                         loss_chunk=args.loss_chunk)
 
 
 def _parse_size(text: str) -> int:

@@ -162,7 +162,7 @@ def test_bank_entry_lines_are_joined_with_single_spaces() -> None:
     ({"answer": "one string"}, r"answer must be list"),
     ({"answer": []}, r"answer must be a non-empty list of strings"),
     ({"answer": ["ok", 3]}, r"answer must be a non-empty list of strings"),
-    ({"chapter": 17}, r"question 0 \('x-1'\): unknown chapter 17; expected one of: 1, 2"),
+    ({"chapter": 19}, r"question 0 \('x-1'\): unknown chapter 19; expected one of: 1, 2"),
     ({"topic": "ZeRO"}, r"question 0 \('x-1'\): unknown topic 'ZeRO'; expected one of: training memory, precision"),
     ({"frequency": "often"}, r"unknown frequency 'often'; expected one of: high, medium, low"),
     ({"say_zh": " "}, r"key, text_zh, say and say_zh must not be empty"),

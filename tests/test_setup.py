@@ -22,7 +22,7 @@ from memlib.core.setup import InferenceSetup, TrainingSetup
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("precision", "fp12", "unknown precision 'fp12'; expected one of: fp32, fp16-mixed, bf16-mixed, bf16"),
+    ("precision", "fp12", "unknown precision 'fp12'; expected one of: fp32, fp16-mixed, bf16-mixed, bf16, fp8-mixed"),
     ("optimizer", "adam", "unknown optimizer 'adam'; expected one of: sgd, sgd-momentum, adamw, adamw-8bit"),
     ("zero_stage", 4, "unknown zero stage 4; expected one of: 0, 1, 2, 3"),
     ("recompute", "sac", "unknown recompute 'sac'; expected one of: none, selective, full"),

@@ -44,6 +44,7 @@ from typing import Protocol
 from .activations import (AUTOCAST_FAMILIES, WEIGHT_COPIES, ActivationTerm, _activation_terms,
                           autocast_activation_terms, linear_weight_params)
 from .configs import ModelConfig
+from .losses import loss_logits
 from .setup import TrainingSetup
 
 __all__ = ["AUTOCAST_FAMILIES", "WEIGHT_COPIES", "autocast_activation_terms", "linear_weight_params",
@@ -158,7 +159,7 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     b, s = setup.batch_size, setup.seq_len
     L, h, V, f, T = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s
     g = g_bytes / n
-    logsm, vh = 4 * T * V, int(g * V * h)
+    (saved_logits, logsm, rows), vh = loss_logits(cfg, setup), int(g * V * h)
     mlp_temp = 2 * 2 * T * f + 4 * T * h
     if cfg.model_type == "olmo2":  # the post-MLP norm's fp32 backward runs first, beside all the layer's tensors
         mlp_temp = max(mlp_temp, 5 * 4 * T * h)
@@ -182,8 +183,8 @@ def autocast_backward_peak(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     g_all = int(g_bytes)
     candidates = [
         acts_bytes + autocast_forward_extra(cfg, setup),
-        acts_bytes + 2 * logsm,
-        acts_bytes - logsm + 2 * T * V + 6 * T * h + (2 * V * h + vh),
+        acts_bytes - saved_logits + 3 * logsm,
+        acts_bytes - saved_logits + 2 * rows * V + 6 * T * h + (2 * V * h + vh),
         acts_bytes - (outside - small) + int(g * (V * h + h)) + live_layer + mlp_temp,
         bottom + g_all - k_seg * grad_layer - (0 if cfg.tie_word_embeddings else vh) + mlp_temp,
         g_all + (2 * vh if cfg.tie_word_embeddings else 0) + small,
@@ -204,7 +205,7 @@ def _gpt2_backward_moments(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     L, h, V, f, T, a = cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, b * s, cfg.num_heads
     full = setup.recompute == "full"
     g = g_bytes / n
-    logsm, vh = 4 * T * V, int(g * V * h)
+    (saved_logits, logsm, rows), vh = loss_logits(cfg, setup), int(g * V * h)
     labels = 8 * T  # the loss's backward frees the labels nll_loss kept
     resid_mask = T * h if cfg.resid_dropout > 0 else 0
     per_layer = sum(t.bytes for t in terms if t.per_layer)
@@ -242,8 +243,8 @@ def _gpt2_backward_moments(cfg: ModelConfig, setup: TrainingSetup, acts: _Saved,
     made -= 0 if cfg.tie_word_embeddings else vh
     return [
         acts_bytes + autocast_forward_extra(cfg, setup),
-        acts_bytes - labels + 2 * logsm,
-        acts_bytes - labels - logsm + 2 * T * V + 6 * T * h + (2 * V * h + vh),
+        acts_bytes - labels - saved_logits + 3 * logsm,
+        acts_bytes - labels - saved_logits + 2 * rows * V + 6 * T * h + (2 * V * h + vh),
         top + layer,
         bottom - labels + made + layer,
         int(g_bytes) + 2 * vh + small,

@@ -12,13 +12,22 @@ from typing import NoReturn
 
 from .dtypes import WEIGHT_FORMATS
 
-__all__ = ["PRECISIONS", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "WITH_PARALLELISM",
+__all__ = ["PRECISIONS", "FP8_RECIPES", "LOSSES", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "WITH_PARALLELISM",
            "framework_combinations", "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
            "LORA_TARGETS", "SCHEDULES", "MODEL_DTYPES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
 #: Training precisions: fp32; mixed precision with 16-bit weights/activations and fp32 master weights
 #: (the ZeRO paper's 2 + 2 + 12 bytes per parameter); pure bf16 (``model.to(torch.bfloat16)``).
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+#: ``fp8-mixed`` is bf16 mixed precision whose Linear layers run their matmuls in FP8 (Chapter 17): the recipe
+#: (:data:`FP8_RECIPES`) decides what the Linears save for backward; the model states are bf16-mixed's.
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16", "fp8-mixed")
+#: FP8 training recipes (Chapter 17, :mod:`memlib.core.fp8`): torchao's per-tensor (``tensorwise``) and per-row
+#: (``rowwise``) dynamic scaling, DeepSeek-V3's ``blockwise`` (1×128 activation tiles, 128×128 weight blocks).
+FP8_RECIPES = ("tensorwise", "rowwise", "blockwise")
+#: How the loss meets the logits (Chapter 17, :mod:`memlib.core.losses`): ``standard`` (the fp32 log-softmax of
+#: all logits saved), ``chunked`` (the book's plain-PyTorch cross-entropy over checkpointed chunks of tokens),
+#: ``fused`` (Liger-Kernel's fused linear cross-entropy: the logits never materialized beyond one chunk).
+LOSSES = ("standard", "chunked", "fused")
 #: Optimizers: plain SGD, SGD with momentum, torch.optim.AdamW, bitsandbytes' 8-bit AdamW.
 OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
 #: torch.optim.AdamW implementations (``torch/optim/adam.py``): ``foreach`` (``_multi_tensor_adam``, the CUDA

@@ -30,7 +30,9 @@ from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 from .frameworks import (Saved, _parameter_order, framework_for, gathered_bytes, model_state_bytes, offload_split,
                          optimizer_state_bytes, optimizer_step_bytes, shard_states, state_bytes, zero3_gathered_bytes)
+from .fp8 import fp8_terms
 from .lora import quantized_weight_bytes, targeted_linears
+from .losses import loss_logits, loss_terms
 from .parallel import check_layout, estimate_parallel
 from .params import count_params
 from .serving_terms import kv_cache_bytes
@@ -126,6 +128,7 @@ def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivation
     """
     b, s, e = setup.batch_size, setup.seq_len, setup.act_bytes
     terms = framework_for(setup).activation_terms(cfg, setup)  # as the framework's kernels save them
+    terms = loss_terms(cfg, setup, terms) + fp8_terms(cfg, setup, terms)  # Chapter 17: the loss, FP8 Linears
     per_layer, outside = _sum_terms(terms)
     L, h, f, T, method = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, b * s, setup.method
     if method != "full" and (cfg.model_type == "olmo2" or cfg.model_type in DENSE_FAMILIES):
@@ -187,12 +190,12 @@ def backward_peak_bytes(cfg: ModelConfig, setup: TrainingSetup, acts: SavedActiv
     mlp_temp = 3 * e * T * f + 2 * e * T * h
     if setup.attention == "eager" and setup.recompute != "none":
         mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
-    logsm = 4 * T * V
+    saved_logits, logsm, rows = loss_logits(cfg, setup)  # Chapter 17: standard, chunked or fused loss
     tied_sum = 2 * vh_grad if cfg.tie_word_embeddings else 0
     candidates = [
-        activations + 2 * logsm,
-        activations - logsm + e * T * V + e * T * h + vh_grad,
-        activations - logsm + head_grad + live_layer + mlp_temp,
+        activations - saved_logits + 3 * logsm,  # the log-softmax (kept or re-made) and two gradients
+        activations - saved_logits + e * rows * V + e * T * h + vh_grad,
+        activations - saved_logits + head_grad + live_layer + mlp_temp,
     ]
     if setup.recompute == "full" and full:
         outside = sum(t.bytes for t in acts.terms if not t.per_layer)
@@ -232,7 +235,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       pp_schedule: str | None = None, optimizer_impl: str | None = None,
                       framework: str | None = None,
                       gradient_as_bucket_view: bool | None = None, etp: int | None = None,
-                      grad_accum: int | None = None) -> TrainingEstimate:
+                      grad_accum: int | None = None, fp8_recipe: str | None = None,
+                      loss: str | None = None, loss_chunk: int | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
@@ -273,6 +277,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         framework: ``pytorch`` (default), ``deepspeed``, ``fsdp2`` or ``megatron``
             (:data:`memlib.core.choices.FRAMEWORK_SUPPORT` lists the ZeRO stages, offload and parallelism each
             supports; fsdp2's zero 2/3 are ``reshard_after_forward`` False/True).
+        fp8_recipe: with ``precision="fp8-mixed"`` (Chapter 17): ``tensorwise`` (default), ``rowwise`` or
+            ``blockwise``: what the FP8 Linears save (:func:`memlib.core.fp8.fp8_terms`).
+        loss: ``standard`` (default), ``chunked`` or ``fused`` (Chapter 17, :mod:`memlib.core.losses`); the fp32
+            logits live at the loss are ``logits_bytes`` of the estimate. loss_chunk: tokens per chunk (chunked).
         num_gpus: data-parallel GPUs sharing the states.
         recompute: ``none``, ``selective`` (attention core recomputed, Megatron-style) or ``full``
             (every layer's input kept; one layer's activations re-materialized at a time).
@@ -313,7 +321,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         the embedding); DeepSpeed's reduce bucket is counted at its default size, PyTorch DDP's buckets in full
         (they cover every gradient); FSDP2's and Megatron's are not. LoRA activations are taken
         full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
-        side of offload omits DeepSpeed's pinned buffers.
+        side of offload omits DeepSpeed's pinned buffers. Under model parallelism (``tp``, ``pp``, ...) the
+        estimate takes ``fp8-mixed`` as bf16-mixed and the loss as standard.
     """
     setup = _training_setup(setup, dict(
         batch_size=batch_size, seq_len=seq_len, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
@@ -321,7 +330,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
         optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view,
-        etp=etp, grad_accum=grad_accum))
+        etp=etp, grad_accum=grad_accum, fp8_recipe=fp8_recipe, loss=loss, loss_chunk=loss_chunk))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)
@@ -346,7 +355,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     else:
         total, phase, temp = backward_peak, "backward", backward_extra - acts.bytes
     return TrainingEstimate(p_bytes, g_bytes, o_bytes, acts.bytes, max(temp, 0), total, phase, settings,
-                            st.cpu_bytes)
+                            st.cpu_bytes, loss_logits(cfg, setup)[1])
 
 
 def _training_setup(setup: TrainingSetup | None, given: dict[str, Any]) -> TrainingSetup:

@@ -46,6 +46,9 @@ __all__ = [
     "to_bits",
     "underflow_fraction",
     "format_properties",
+    "BlockFormat",
+    "BLOCK_FORMATS",
+    "block_bytes_per_element",
 ]
 
 #: The formats this module knows, in table order.
@@ -450,3 +453,62 @@ def format_properties(fmt: str) -> FormatProperties:
     )
 
 
+
+
+# --- Block-scaled formats (Chapter 17): elements of a small float plus one shared scale per block -------------------
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """A block-scaled format: ``block`` elements of ``element_bits`` share one ``scale_bits`` scale.
+
+    Attributes:
+        name: the format's name (``mxfp8``).
+        element: the element type (``fp8_e4m3``, ``fp4_e2m1``).
+        element_bits: bits of one element.
+        block: elements sharing one scale.
+        scale: the scale's type (``e8m0``: a power of two, 8 bits; ``fp8_e4m3``; ``fp32``).
+        scale_bits: bits of one scale.
+        tensor_scale_bits: bits of one extra scale for the whole tensor (NVFP4's fp32), 0 if none.
+        source: where the layout is defined.
+    """
+
+    name: str
+    element: str
+    element_bits: int
+    block: int
+    scale: str
+    scale_bits: int
+    tensor_scale_bits: int
+    source: str
+
+    def bytes_per_element(self, numel: int | None = None) -> float:
+        """Bytes per element, the block scales included (and the tensor scale, for ``numel`` elements)."""
+        per = (self.element_bits + self.scale_bits / self.block) / 8
+        if numel and self.tensor_scale_bits:
+            per += self.tensor_scale_bits / 8 / numel
+        return per
+
+
+#: The block formats of FP8/FP4 training and serving: the OCP Microscaling (MX) spec v1.0 (``ocp2023mx``: 32-element
+#: blocks, an E8M0 scale), NVIDIA's NVFP4 (16-element blocks of E2M1 with an E4M3 scale and one fp32 scale per
+#: tensor; the issue's "32-element blocks" holds for MXFP4, not NVFP4), and DeepSeek-V3's FP8 recipe (1×128 tiles of
+#: activations and 128×128 blocks of weights, each with an fp32 scale; ``deepseekai2024v3``, §3.3).
+BLOCK_FORMATS: dict[str, BlockFormat] = {
+    "mxfp8": BlockFormat("mxfp8", "fp8_e4m3", 8, 32, "e8m0", 8, 0, "OCP MX v1.0"),
+    "mxfp4": BlockFormat("mxfp4", "fp4_e2m1", 4, 32, "e8m0", 8, 0, "OCP MX v1.0"),
+    "nvfp4": BlockFormat("nvfp4", "fp4_e2m1", 4, 16, "fp8_e4m3", 8, 32, "NVIDIA Blackwell NVFP4"),
+    "fp8-1x128": BlockFormat("fp8-1x128", "fp8_e4m3", 8, 128, "fp32", 32, 0, "DeepSeek-V3 §3.3 (activations)"),
+    "fp8-128x128": BlockFormat("fp8-128x128", "fp8_e4m3", 8, 128 * 128, "fp32", 32, 0, "DeepSeek-V3 §3.3 (weights)"),
+}
+
+
+def block_bytes_per_element(fmt: str, numel: int | None = None) -> float:
+    """Bytes per element of a block format of :data:`BLOCK_FORMATS`, scales included (Chapter 17).
+
+    ``mxfp8`` is (8 + 8/32)/8 = 1.03125 bytes, ``nvfp4`` (4 + 8/16)/8 = 0.5625 bytes (+ 4 bytes per tensor).
+
+    Raises:
+        MemlibError: an unknown format (one line naming it and the valid ones).
+    """
+    check_choice("block format", fmt, tuple(BLOCK_FORMATS))
+    return BLOCK_FORMATS[fmt].bytes_per_element(numel)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .choices import (ATTENTION, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
+from .choices import (ATTENTION, FP8_RECIPES, LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
                       RECOMPUTE, SCHEDULES, ZERO_STAGES, check_framework)
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
@@ -55,6 +55,10 @@ class TrainingSetup:
             keeps the full 16-bit gradients between micro-batches where ZeRO-2 reduces them into its partition,
             and the offload traffic (:func:`memlib.core.offload.offload_traffic`); the other frameworks' peaks do
             not depend on it.
+        fp8_recipe: one of :data:`memlib.core.choices.FP8_RECIPES` (Chapter 17, :mod:`memlib.core.fp8`); read only
+            with ``precision="fp8-mixed"``.
+        loss: one of :data:`memlib.core.choices.LOSSES` (Chapter 17, :mod:`memlib.core.losses`).
+        loss_chunk: tokens per chunk of the ``chunked`` loss (the ``fused`` loss takes Liger-Kernel's own chunk).
 
     Raises:
         MemlibError: on construction, for a bad value (one line naming it and the valid choices) or a
@@ -87,9 +91,18 @@ class TrainingSetup:
     gradient_as_bucket_view: bool = False
     etp: int | None = None
     grad_accum: int = 1
+    fp8_recipe: str = "tensorwise"
+    loss: str = "standard"
+    loss_chunk: int = 1024
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
+        check_choice("fp8 recipe", self.fp8_recipe, FP8_RECIPES)
+        check_choice("loss", self.loss, LOSSES)
+        object.__setattr__(self, "loss_chunk", check_positive("loss_chunk", self.loss_chunk))
+        if self.precision == "fp8-mixed" and self.method != "full":
+            raise MemlibError(f"precision 'fp8-mixed' is estimated for method 'full' (got method={self.method!r}); "
+                              "expected precision one of: fp32, fp16-mixed, bf16-mixed, bf16")
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("optimizer impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_choice("zero stage", self.zero_stage, ZERO_STAGES)

@@ -78,6 +78,10 @@ def echo_settings(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train
         settings["gradient_as_bucket_view"] = True
     if setup.grad_accum != 1:  # likewise
         settings["grad_accum"] = setup.grad_accum
+    if setup.precision == "fp8-mixed":  # Chapter 17
+        settings["fp8_recipe"] = setup.fp8_recipe
+    if setup.loss != "standard":
+        settings.update(loss=setup.loss, **({"loss_chunk": setup.loss_chunk} if setup.loss == "chunked" else {}))
     if setup.method != "full":
         settings.update(lora_rank=setup.lora_rank, lora_targets=setup.lora_targets)
     if cfg is not None:

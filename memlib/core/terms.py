@@ -89,6 +89,9 @@ class TrainingEstimate:
         peak_phase: ``"backward"`` or ``"optimizer"``: where the peak is expected; ``"states"`` with ``params=``.
         settings: the inputs, echoed (with ``params`` and ``trainable_params``).
         cpu_bytes: host memory for offloaded states (Chapter 7); 0 without offload.
+        logits_bytes: the fp32 logits (log-softmax) live at the loss (Chapter 17): 4·b·s·V for the standard loss,
+            one chunk's 4·c·V for a chunked or fused loss; part of ``activations_bytes`` for the standard loss
+            and of the backward temporaries always. 0 with ``params=``.
     """
 
     params_bytes: int
@@ -100,6 +103,7 @@ class TrainingEstimate:
     peak_phase: str
     settings: dict[str, Any]
     cpu_bytes: int = 0
+    logits_bytes: int = 0
 
     @property
     def model_states_bytes(self) -> int:

@@ -49,6 +49,7 @@ CHAPTERS: dict[int, str] = {
     14: "Serving memory",
     15: "Tensor, pipeline, context and expert parallelism",
     16: "Out of memory",
+    17: "Kernels and compilers: FP8, torch.compile, fused losses",
     18: "Post-training memory",
 }
 #: Each chapter's page in the book (chapters/<stem>.ipynb), for the "Proved in Chapter N" links.
@@ -57,6 +58,7 @@ CHAPTER_PAGES: dict[int, str] = {
     5: "05_gradient_accumulation", 6: "06_zero_fsdp", 7: "07_offloading", 8: "08_8bit_optimizers",
     9: "09_lora_qlora", 10: "10_flash_attention", 11: "11_inference_memory", 12: "12_profiling",
     13: "13_putting_it_together", 14: "14_serving_memory", 15: "15_parallelism", 16: "16_out_of_memory",
+    17: "17_kernels_and_compilers",
     18: "18_post_training",
 }
 DIFFICULTIES = ("E", "M", "H")

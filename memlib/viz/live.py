@@ -28,7 +28,7 @@ from ..core.configs import load_config, shipped_models
 from ..core.hub import hub_ids, shipped_for_id
 from ..core.dtypes import GB, WEIGHT_FORMATS, GiB
 from ..core.errors import MemlibError, check_choice
-from ..core.choices import FRAMEWORKS, KV_DTYPES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
+from ..core.choices import FRAMEWORKS, KV_DTYPES, LOSSES, OPTIMIZERS, PRECISIONS, ZERO_STAGES
 from ..core.estimate import TrainingEstimate, estimate_training
 from ..core.formats import FORMAT_NAMES, encode
 from ..core.hardware import GPU_MEMORY_MENU_GIB, SERVE_GPUS  # the menus, defined once
@@ -49,10 +49,10 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/allocator", "core/attention_terms", "core/autocast", "core/categories",
     "core/checkpointing", "core/choices", "core/cluster", "core/configs", "core/dtypes", "core/errors", "core/estimate",
-    "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/frameworks/__init__",
+    "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/fp8", "core/frameworks/__init__",
     "core/frameworks/base", "core/frameworks/deepspeed", "core/frameworks/fsdp2", "core/frameworks/megatron",
     "core/frameworks/pytorch", "core/frameworks/torchtitan", "core/hardware",
-    "core/hub", "core/inference", "core/lora", "core/offload", "core/parallel",
+    "core/hub", "core/inference", "core/lora", "core/losses", "core/offload", "core/parallel",
     "core/params", "core/plan", "core/rl", "core/schedules", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
     "core/terms", "core/vllm_engine", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
@@ -192,6 +192,7 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
         raise MemlibError(f"batch_size {batch_size} out of range; expected 1..64")
     seq_len = int(_choice(params, "seq_len", 4096, SEQ_LENS))
     precision = _choice(params, "precision", "bf16-mixed", PRECISIONS)
+    loss = _choice(params, "loss", "standard", LOSSES)  # Chapter 17
     optimizer = _choice(params, "optimizer", "adamw", OPTIMIZERS)
     framework = _choice(params, "framework", "pytorch", FRAMEWORKS)
     zero_stage = int(_choice(params, "zero_stage", 0, ZERO_STAGES))
@@ -201,6 +202,7 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
                 + _range("batch_size", "batch", 1, 64, batch_size, live)
                 + _select("seq_len", "sequence", SEQ_LENS, seq_len, live)
                 + _select("precision", "precision", PRECISIONS, precision, live)
+                + _select("loss", "loss", LOSSES, loss, live)
                 + _select("optimizer", "optimizer", OPTIMIZERS, optimizer, live)
                 + _select("framework", "framework", FRAMEWORKS, framework, live)
                 + _select("zero_stage", "ZeRO stage", ZERO_STAGES, zero_stage, live)
@@ -208,7 +210,8 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
                 + _select("gpu_memory_gib", "GPU memory (GiB)", GPU_MEMORY_GIB, gpu_memory_gib, live))
     try:
         est = estimate_training(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                                optimizer=optimizer, zero_stage=zero_stage, num_gpus=num_gpus, framework=framework)
+                                optimizer=optimizer, zero_stage=zero_stage, num_gpus=num_gpus, framework=framework,
+                                loss=loss)
     except MemlibError as err:  # e.g. a sequence longer than the model's positions, pytorch with ZeRO-2
         result = f'<p class="memlib-live-refused">refused: {_e(err)}</p>'
         return _root("training", controls, result, live, _STATIC_NOTE)
@@ -219,7 +222,8 @@ def _training(params: Mapping[str, Any], live: bool) -> str:
     result = (_training_svg(parts, int(gpu_memory_gib * GiB))
               + f'<table class="memlib-live-table"><thead><tr><th>live at the peak, per GPU</th><th>GB (10⁹ B)'
                 f'</th></tr></thead><tbody>{rows}</tbody></table>'
-              + f'<p class="memlib-live-verdict"><b>{_e(verdict)}</b></p>')
+              + f'<p class="memlib-live-verdict"><b>{_e(verdict)}</b></p>'
+              + f'<p>fp32 logits at the loss ({_e(loss)}): {est.logits_bytes / GB:.2f} GB</p>')
     return _root("training", controls, result, live, _STATIC_NOTE)
 
 

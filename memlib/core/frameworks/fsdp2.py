@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from ..configs import ModelConfig
+from ..losses import loss_logits
 from ..setup import TrainingSetup
 from ..terms import sum_terms
 from ..terms import ActivationTerm
@@ -161,15 +162,15 @@ def fsdp2_backward_bytes(cfg: ModelConfig, setup: TrainingSetup, acts_bytes: int
     prefetch = 1 if N > 1 else 0
     zero3 = setup.zero_stage == 3
     head_grads = p * (V * h + h)
-    logsm = 4 * T * V
+    saved_logits, logsm, _ = loss_logits(cfg, setup)  # Chapter 17: the loss chosen
     mlp_temp = 3 * e * T * f + 2 * e * T * h
     if setup.attention == "eager" and setup.recompute != "none":
         mlp_temp = max(mlp_temp, (2 * e + 1) * b * cfg.num_heads * s * s)
     at_loss = p * u_l * (prefetch if zero3 else L)
     at_top = p * u_l * (1 + prefetch if zero3 else L)
     candidates = [
-        acts_bytes + 2 * logsm + p * u_r + at_loss,
-        acts_bytes - logsm + head_grads + p * u_r + at_top + live_layer + mlp_temp,
+        acts_bytes - saved_logits + 3 * logsm + p * u_r + at_loss,
+        acts_bytes - saved_logits + head_grads + p * u_r + at_top + live_layer + mlp_temp,
         -(-q * L * u_l // N) + (p + r) * u_r,
     ]
     for i in range(1, L):  # layer i's backward, below the top one: layers i+1..L are reduced and resharded
