@@ -112,7 +112,7 @@ def test_bad_config_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 # ------------------------------------------------------------------ issue 39: ids, help, the fit verdict
 TRAIN_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "temp_bytes", "total_bytes",
-              "peak_phase", "settings", "cpu_bytes"}
+              "peak_phase", "settings", "cpu_bytes", "logits_bytes"}  # logits_bytes: Chapter 17
 TINY = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
         "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 4096}
 
