@@ -6,12 +6,9 @@ trainer runs on the bank memlib exported at build time (``_static/memlib-quiz-ba
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
-import urllib.parse
 from pathlib import Path
 
-from checker import CHROMIUM, CHROMIUM_ARGS, serve
+from live_check import offline_page
 
 from memlib.drills import TOPICS
 
@@ -19,36 +16,10 @@ PAGE = "drills/03_practice.html"
 
 
 def _open(site: Path, body) -> tuple[list[str], list[str]]:  # noqa: ANN001 (a callable on the page)
-    from playwright.sync_api import sync_playwright
-
     blocked: list[str] = []
     errors: list[str] = []
-    profile = Path(tempfile.mkdtemp(prefix="book-chromium-quiz-"))
-    try:
-        with serve(site) as base, sync_playwright() as pw:
-            origin = urllib.parse.urlsplit(base).netloc
-            context = pw.chromium.launch_persistent_context(
-                str(profile), executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_ARGS),
-                viewport={"width": 1280, "height": 900}, service_workers="block")
-            try:
-                pg = context.new_page()
-
-                def route(r) -> None:  # noqa: ANN001
-                    if urllib.parse.urlsplit(r.request.url).netloc == origin:
-                        r.continue_()
-                    else:
-                        blocked.append(r.request.url)
-                        r.abort("blockedbyclient")
-
-                pg.route("**/*", route)
-                pg.on("pageerror", lambda e: errors.append(str(e)[:300]))
-                pg.on("console", lambda m: errors.append(m.text[:300]) if m.type == "error" else None)
-                pg.goto(base + PAGE, wait_until="load", timeout=60_000)
-                body(pg)
-            finally:
-                context.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+    with offline_page(site, PAGE, blocked, errors) as pg:
+        body(pg)
     return blocked, errors
 
 
