@@ -2,13 +2,14 @@
 
 Pure Python (Chapter 14). :func:`memlib.core.serve.serve` with ``vllm_version`` composes these terms the way
 vLLM's worker does at start-up; each one cites the vLLM source it follows (pinned: the v0.11.0 and v0.34.0
-source distributions on PyPI, ``vllm-<version>.tar.gz``).
+source distributions on PyPI, ``vllm-<version>.tar.gz``); the release rows of :data:`VLLM_RELEASES` were bisected
+over the source distributions of every release from 0.7.3 to 0.34.0.
 
 - ``vllm/v1/worker/gpu_worker.py``, ``Worker.init_device`` / ``determine_available_memory``: the requested
   memory is ``MemorySnapshot().total_memory × gpu_memory_utilization``, the total being what
   ``torch.cuda.mem_get_info`` reports (an 80 GB H100 reports 79.15 GiB), not the nominal size; the KV cache
   gets the requested memory − weights − the profiled torch peak − non-torch memory grown since the snapshot
-  (− the CUDA-graph estimate from v0.21, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, default 1);
+  (− the CUDA-graph estimate from v0.20, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, default 1);
   ``--kv-cache-memory`` replaces it all.
 - ``vllm/utils/mem_utils.py``, ``memory_profiling``: non-torch memory is counted from the snapshot taken after
   the CUDA context exists, so the context sits in the 1 − utilization slack; NCCL and custom all-reduce buffers
@@ -40,7 +41,7 @@ __all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_P
            "SAMPLER_BYTES_FLASHINFER", "get_release", "reported_total",
            "batch_defaults", "non_torch_bytes", "forward_peak_bytes", "sampler_peak_bytes",
            "profile_activation_bytes", "cudagraph_capture_sizes", "cuda_graph_bytes", "KVGroups", "kv_groups",
-           "blocks_per_request"]
+           "blocks_per_request", "BATCH_RULES"]
 
 
 #: Bytes per logit alive at the sampler's peak in the profiling run: the bf16 logits the caller holds (2), their
@@ -48,55 +49,90 @@ __all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_P
 #: (``apply_top_k_top_p`` with top-k and top-p both set, as ``_dummy_sampler_run`` sets them).
 SAMPLER_BYTES_PER_LOGIT: int = 22
 #: The same with FlashInfer's fused top-k/top-p sampling (no sort): bf16 logits (2), their fp32 copy (4) and the
-#: processed fp32 logits (4). ``flashinfer-python`` is a pinned dependency of v0.34 (``requirements/cuda.txt``);
-#: v0.11 does not list it, so the PyTorch path runs unless the image adds FlashInfer.
+#: processed fp32 logits (4). It is the default from v0.21 (``VLLM_USE_FLASHINFER_SAMPLER`` unset means on,
+#: ``vllm/envs.py``); from 0.11.1 to 0.20.2 it was opt-in, and v0.11.0 used it only when the image had FlashInfer
+#: (``flashinfer-python`` is pinned in ``requirements/cuda.txt`` from 0.11.1).
 SAMPLER_BYTES_FLASHINFER: int = 10
+
+
+#: Batch-default rules of ``EngineArgs`` (``vllm/engine/arg_utils.py``), oldest first; each adds to the one before.
+#: ``"v0"``: V0's ``SchedulerConfig``; ``"h100-name"``: 8192 (``LLM`` 16384) tokens on a device named H100/H200,
+#: else 2048 (8192), 1024 sequences everywhere; ``"mem70"``: the large tier by memory (≥ 70 GiB) with 1024
+#: sequences, 256 on the small tier; ``"not-a100"``: A100s kept on the small tier (PR #17885); ``"mem160"``: 16384
+#: tokens for both entry points from 160 GiB (B200/B300).
+BATCH_RULES = ("v0", "h100-name", "mem70", "not-a100", "mem160")
 
 
 @dataclass(frozen=True)
 class VllmRelease:
     """The start-up behaviour of one range of vLLM releases (from ``version`` to the next row). Chapter 14.
 
+    Each row is the first release whose source distribution (``vllm-<version>.tar.gz`` on PyPI) has the change,
+    the release before it checked not to (bisected over every release from 0.7.3 to 0.34.0).
+
     Attributes:
-        version: the first release with this behaviour (``"0.11"``).
+        version: the first release with this behaviour (``"0.20.1"``).
         engine: ``"v0"`` (``vllm/worker/worker.py``) or ``"v1"`` (``vllm/v1/worker/gpu_worker.py``).
-        batch_defaults_by_gpu: batched-token and sequence defaults from ``get_batch_defaults`` (else V0's:
-            max(max_model_len, 2048) tokens, 512 with chunked prefill beyond 32K, 256 sequences).
+        batch_rule: how ``max_num_batched_tokens`` / ``max_num_seqs`` defaults are picked, one of
+            :data:`BATCH_RULES`.
         cudagraph_estimate: CUDA-graph memory estimated and taken from the KV budget before the cache is sized.
         hybrid_padding: hybrid models' layer groups padded to one page size (else one group per layer kind).
         tokens_from_concurrency: the log's "GPU KV cache size" is concurrency × max_model_len (else
             blocks ÷ groups × block size).
         sampler_bytes_per_logit: bytes per logit alive at the profiling sampler's peak
             (:data:`SAMPLER_BYTES_PER_LOGIT` for the PyTorch sort path, :data:`SAMPLER_BYTES_FLASHINFER` when
-            FlashInfer's sampling kernels are a dependency).
-        note: what changed, in words.
+            FlashInfer's top-k/top-p sampling is on by default).
+        note: what changed, in words, with the file that shows it.
     """
 
     version: str
     engine: str
-    batch_defaults_by_gpu: bool
+    batch_rule: str
     cudagraph_estimate: bool
     hybrid_padding: bool
     tokens_from_concurrency: bool
     sampler_bytes_per_logit: int
     note: str
 
+    @property
+    def batch_defaults_by_gpu(self) -> bool:
+        """V1's batch defaults, which depend on the GPU (any rule but V0's)."""
+        return self.batch_rule != "v0"
+
+
+_SORT, _FI = SAMPLER_BYTES_PER_LOGIT, SAMPLER_BYTES_FLASHINFER
 
 #: The releases whose start-up accounting differs, oldest first. The last is the current one.
 VLLM_RELEASES: dict[str, VllmRelease] = {r.version: r for r in [
-    VllmRelease("0.6", "v0", False, False, False, False, SAMPLER_BYTES_PER_LOGIT,
+    VllmRelease("0.6", "v0", "v0", False, False, False, _SORT,
                 "V0 engine: profile at max(max_model_len, 2048) tokens, CUDA graphs captured after the KV cache "
                 "is sized (they come out of the 1 - utilization slack)"),
-    VllmRelease("0.8", "v1", True, False, False, False, SAMPLER_BYTES_PER_LOGIT,
-                "V1 engine by default; batch defaults by GPU (get_batch_defaults)"),
-    VllmRelease("0.10", "v1", True, False, True, False, SAMPLER_BYTES_PER_LOGIT,
-                "hybrid allocator: layer groups padded to one page size ('Add N padding layers')"),
-    VllmRelease("0.21", "v1", True, True, True, False, SAMPLER_BYTES_PER_LOGIT,
-                "CUDA-graph memory estimated and subtracted from the KV budget "
-                "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)"),
-    VllmRelease("0.34", "v1", True, True, True, True, SAMPLER_BYTES_FLASHINFER,
-                "'GPU KV cache size' logged as max concurrency x max_model_len (get_kv_cache_capacity); "
-                "FlashInfer sampling a dependency (no vocabulary sort in the profiled sampler)"),
+    VllmRelease("0.8", "v1", "h100-name", False, False, False, _SORT,
+                "V1 engine by default (envs.py VLLM_USE_V1 default '1'; '0' in 0.7.3); batch defaults 8192 tokens "
+                "(LLM 16384) on devices named H100/H200, else 2048 (8192), 1024 sequences (arg_utils.py)"),
+    VllmRelease("0.8.5", "v1", "mem70", False, False, False, _SORT,
+                "batch defaults by device memory: >= 70 GiB 8192/1024, else 2048/256 (arg_utils.py; not in 0.8.4)"),
+    VllmRelease("0.9", "v1", "not-a100", False, False, False, _SORT,
+                "A100s kept on the 2048/256 tier ('a100' not in device_name, PR #17885; not in 0.8.5)"),
+    VllmRelease("0.9.1", "v1", "not-a100", False, True, False, _SORT,
+                "hybrid allocator: layer groups padded to one page size ('Add N padding layers', "
+                "v1/core/kv_cache_utils.py; not in 0.9.0)"),
+    VllmRelease("0.20", "v1", "not-a100", True, True, False, _SORT,
+                "CUDA-graph memory estimated and subtracted from the KV budget by default "
+                "(envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; logged but off, '0', in 0.18.0-0.19.1; "
+                "the log line says 'default since v0.21.0')"),
+    VllmRelease("0.20.1", "v1", "not-a100", True, True, True, _SORT,
+                "'GPU KV cache size' logged as int(max concurrency x max_model_len) (kv_cache_utils.py; "
+                "blocks // groups x block size in 0.20.0)"),
+    VllmRelease("0.21", "v1", "not-a100", True, True, True, _FI,
+                "FlashInfer top-k/top-p sampling on by default (envs.py VLLM_USE_FLASHINFER_SAMPLER unset -> True; "
+                "opt-in from 0.11.1 to 0.20.2): no vocabulary sort in the profiled sampler"),
+    VllmRelease("0.28", "v1", "mem160", True, True, True, _FI,
+                "16384 batched tokens and 1024 sequences for both entry points from 160 GiB (B200/B300; "
+                "arg_utils.py, not in 0.27.0)"),
+    VllmRelease("0.34", "v1", "mem160", True, True, True, _FI,
+                "checked: no change in these terms since 0.28 (the page-size padding moved to "
+                "v1/core/kv_cache_planning.py in 0.33)"),
 ]}
 
 #: The newest release memlib models (``memlib serve --vllm-version`` defaults to it).
@@ -136,7 +172,7 @@ def _version_key(text: str) -> tuple[int, ...]:
 
 
 def get_release(version: str | None = None) -> VllmRelease:
-    """The behaviour row in effect for a vLLM version (``"0.11.0"`` → the ``"0.10"`` row). Chapter 14.
+    """The behaviour row in effect for a vLLM version (``"0.11.0"`` → the ``"0.9.1"`` row). Chapter 14.
 
     Args:
         version: ``"0.11"``, ``"v0.11.0"``, ``"0.11.0rc1"``; None for :data:`CURRENT_VLLM_VERSION`.
@@ -149,9 +185,9 @@ def get_release(version: str | None = None) -> VllmRelease:
     """
     if version is None:
         return VLLM_RELEASES[CURRENT_VLLM_VERSION]
-    key = _version_key(str(version))[:2]
-    rows = [r for r in VLLM_RELEASES.values() if _version_key(r.version)[:2] <= key]
-    if not rows or key > _version_key(CURRENT_VLLM_VERSION)[:2]:
+    key = _version_key(str(version))
+    rows = [r for r in VLLM_RELEASES.values() if _version_key(r.version) <= key]
+    if not rows or key[:2] > _version_key(CURRENT_VLLM_VERSION)[:2]:
         raise MemlibError(f"unknown vLLM version {version!r}; expected a release from "
                           f"{next(iter(VLLM_RELEASES))} to {CURRENT_VLLM_VERSION} (rows: {', '.join(VLLM_RELEASES)})")
     return rows[-1]
@@ -166,20 +202,26 @@ def batch_defaults(release: VllmRelease, *, gpu_total_bytes: int, gpu: str | Non
                    entry_point: str = "serve") -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` vLLM picks when the user gives neither. Chapter 14.
 
-    V1 (``EngineArgs.get_batch_defaults``, ``vllm/engine/arg_utils.py``): ≥ 160 GiB → 16384/1024; ≥ 70 GiB and
-    not an A100 → 8192 (``vllm serve``) or 16384 (``LLM``) and 1024; otherwise 2048 (serve) or 8192 (LLM) and 256.
-    V0 (``SchedulerConfig``, ``vllm/config.py``): max(max_model_len, 2048) tokens; beyond 32K tokens chunked
-    prefill is switched on with 512; 256 sequences.
+    V1 (``EngineArgs``, ``vllm/engine/arg_utils.py``; ``release.batch_rule``, see :data:`BATCH_RULES`): from 0.28,
+    ≥ 160 GiB → 16384/1024; ≥ 70 GiB and not an A100 (from 0.9; any ≥ 70 GiB card in 0.8.5) → 8192 (``vllm
+    serve``) or 16384 (``LLM``) and 1024; otherwise 2048 (serve) or 8192 (LLM) and 256. 0.8.0-0.8.4 chose by
+    device name (H100/H200) and always 1024 sequences. V0 (``SchedulerConfig``, ``vllm/config.py``):
+    max(max_model_len, 2048) tokens; beyond 32K tokens chunked prefill is switched on with 512; 256 sequences.
     """
     check_choice("entry point", entry_point, VLLM_ENTRY_POINTS)
-    if not release.batch_defaults_by_gpu:
+    rule = BATCH_RULES.index(release.batch_rule)
+    if rule == 0:
         return (512 if max_model_len > 32768 else max(max_model_len, 2048)), 256
     llm = entry_point == "llm"
-    if gpu_total_bytes >= 160 * GiB:
+    large, small = (16384 if llm else 8192), (8192 if llm else 2048)
+    name = gpu or ""
+    if rule == 1:
+        return (large if name.startswith(("h100", "h200")) else small), 1024
+    if rule >= 4 and gpu_total_bytes >= 160 * GiB:
         return 16384, 1024
-    if gpu_total_bytes >= 70 * GiB and not (gpu or "").startswith("a100"):
-        return (16384 if llm else 8192), 1024
-    return (8192 if llm else 2048), 256
+    if gpu_total_bytes >= 70 * GiB and not (rule >= 3 and name.startswith("a100")):
+        return large, 1024
+    return small, 256
 
 
 def non_torch_bytes(tensor_parallel: int) -> int:
@@ -236,8 +278,8 @@ def cuda_graph_bytes(cfg: ModelConfig, release: VllmRelease, *, max_num_seqs: in
                      enforce_eager: bool = False) -> int:
     """CUDA-graph memory vLLM takes from the KV budget before sizing it. Chapter 14.
 
-    0 before v0.21 (graphs were captured after the KV cache was allocated, out of the 1 − utilization slack) and
-    with ``enforce_eager``. From v0.21 ``profile_cudagraph_memory`` captures once and measures; memlib counts the
+    0 before v0.20 (graphs were captured after the KV cache was allocated, out of the 1 − utilization slack) and
+    with ``enforce_eager``. From v0.20 ``profile_cudagraph_memory`` captures once and measures; memlib counts the
     graphs' shared memory pool, which holds the largest captured batch's activations
     (:func:`forward_peak_bytes` at max(:func:`cudagraph_capture_sizes`)). Limitation: each graph's own small
     allocations (FULL graphs per size, PIECEWISE pieces per attention layer) are not counted, so this is a
