@@ -41,7 +41,7 @@ __all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_P
            "SAMPLER_BYTES_FLASHINFER", "get_release", "reported_total",
            "batch_defaults", "non_torch_bytes", "forward_peak_bytes", "sampler_peak_bytes",
            "profile_activation_bytes", "cudagraph_capture_sizes", "cuda_graph_bytes", "KVGroups", "kv_groups",
-           "blocks_per_request", "BATCH_RULES"]
+           "blocks_per_request", "BATCH_RULES", "GRAPH_BYTES_PER_LAYER"]
 
 
 #: Bytes per logit alive at the sampler's peak in the profiling run: the bf16 logits the caller holds (2), their
@@ -145,11 +145,15 @@ VLLM_ENTRY_POINTS = ("serve", "llm")
 #: Sources: "total capacity of 79.15 GiB" (PyTorch OOM messages on 80 GB A100/H100, tests/test_oom.py) and vLLM
 #: V0's "Memory profiling results: total_gpu_memory=79.15GiB" (an H100 log quoted in public issue digests);
 #: 39.43 GiB for an A100 40 GB (an OOM message, tests/test_oom.py); 23.58 GiB for an RTX 3090
-#: (github.com/vllm-project/vllm/issues/10517); 15.56 GiB for a T4 (vLLM issue log, "total_gpu_memory=15.56GiB").
+#: (github.com/vllm-project/vllm/issues/10517); 15.56 GiB for a T4 (vLLM issue log, "total_gpu_memory=15.56GiB");
+#: 21.99 GiB for an A10 ("GPU 1 has a total capacity of 21.99 GiB", github.com/QwenLM/Qwen3/issues/1387); 44.42 GiB
+#: for an L40S and 139.81 GiB for an H200 (V1's "Free memory on device (43.93/44.42 GiB) on startup" and
+#: "(139.21/139.81 GiB)", public logs kept in tests/data/vllm_v1_logs.json).
 #: Cards not listed use the nominal size of :data:`memlib.core.hardware.GPUS` (an upper bound).
 REPORTED_TOTAL_BYTES: dict[str, int] = {
     "h100-sxm": round(79.15 * GiB), "h100-pcie": round(79.15 * GiB), "a100-80gb": round(79.15 * GiB),
-    "a100-40gb": round(39.43 * GiB), "rtx-3090": round(23.58 * GiB), "t4": round(15.56 * GiB)}
+    "a100-40gb": round(39.43 * GiB), "rtx-3090": round(23.58 * GiB), "t4": round(15.56 * GiB),
+    "a10": round(21.99 * GiB), "l40s": round(44.42 * GiB), "h200": round(139.81 * GiB)}
 
 #: Non-torch memory vLLM counts at tensor parallelism 1: cuBLAS/cuBLASLt workspaces and attention-backend buffers
 #: created after the snapshot (public logs show 0.05-0.35 GiB; V0's "non_torch_memory=0.35GiB" on an RTX 3090,
@@ -268,26 +272,41 @@ def profile_activation_bytes(cfg: ModelConfig, *, max_num_batched_tokens: int, m
                + sampler_peak_bytes(cfg, rows, sampler_bytes_per_logit))
 
 
-def cudagraph_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """vLLM's default capture sizes: 1, 2, 4, then multiples of 8 up to min(2 × max_num_seqs, 512)."""
-    top = min(2 * max_num_seqs, _MAX_CAPTURE)
-    return tuple(s for s in (1, 2, 4) if s <= top) + tuple(range(8, top + 1, 8))
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
+    """vLLM's default capture sizes: 1, 2, 4, multiples of 8 below 256, then multiples of 16 up to
+    min(2 × max_num_seqs, 512, max_num_batched_tokens) (``VllmConfig`` docstring and
+    ``_set_cudagraph_sizes``, ``vllm/config/vllm.py``, v0.12 to v0.34)."""
+    top = min(2 * max_num_seqs, _MAX_CAPTURE, max_num_batched_tokens or _MAX_CAPTURE)
+    sizes = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, top + 1, 16))
+    return tuple(s for s in sizes if s <= top)
+
+
+#: Device memory each captured CUDA graph holds of its own, per decoder layer (its kernel nodes and their
+#: parameters), beyond the pool the first capture fills. Fit to vLLM's logged "Estimated CUDA graph memory"
+#: (0.37 GiB for Qwen2.5-7B with 35 PIECEWISE + 19 FULL graphs, v0.22; 0.52 GiB for Qwen3-8B with 51 + 35, v0.21,
+#: LMCache issue 3430): 0.19 MiB per layer per graph, between the two fits (0.23 and 0.16; each log within 17 %).
+GRAPH_BYTES_PER_LAYER: int = round(0.19 * MiB)
 
 
 def cuda_graph_bytes(cfg: ModelConfig, release: VllmRelease, *, max_num_seqs: int, tensor_parallel: int = 1,
-                     enforce_eager: bool = False) -> int:
+                     enforce_eager: bool = False, max_num_batched_tokens: int | None = None) -> int:
     """CUDA-graph memory vLLM takes from the KV budget before sizing it. Chapter 14.
 
     0 before v0.20 (graphs were captured after the KV cache was allocated, out of the 1 − utilization slack) and
-    with ``enforce_eager``. From v0.20 ``profile_cudagraph_memory`` captures once and measures; memlib counts the
-    graphs' shared memory pool, which holds the largest captured batch's activations
-    (:func:`forward_peak_bytes` at max(:func:`cudagraph_capture_sizes`)). Limitation: each graph's own small
-    allocations (FULL graphs per size, PIECEWISE pieces per attention layer) are not counted, so this is a
-    lower bound; pass the logged figure to ``serve(cuda_graph_bytes=...)`` when you have it.
+    with ``enforce_eager``. From v0.20 ``GPUModelRunner.profile_cudagraph_memory`` captures the two largest
+    sizes of each mode and estimates first capture + (n − 1) × the second capture's memory (at least 1 MiB a
+    graph). memlib follows it: the first capture fills the pool with the largest batch's activations
+    (:func:`forward_peak_bytes` at max(:func:`cudagraph_capture_sizes`)), and every further graph, PIECEWISE for
+    each capture size and FULL for the decode sizes up to ``max_num_seqs`` (``CUDAGraphMode.FULL_AND_PIECEWISE``,
+    the V1 default), holds :data:`GRAPH_BYTES_PER_LAYER` per layer. The per-graph constant is fitted to two
+    logs (within 17 % of both); pass the logged figure to ``serve(cuda_graph_bytes=...)`` when you have it.
     """
     if enforce_eager or not release.cudagraph_estimate:
         return 0
-    return forward_peak_bytes(cfg, cudagraph_capture_sizes(max_num_seqs)[-1], tensor_parallel)
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
+    full = sum(1 for s in sizes if s <= max_num_seqs)
+    per_graph = max(MiB, GRAPH_BYTES_PER_LAYER * cfg.num_layers)
+    return forward_peak_bytes(cfg, sizes[-1], tensor_parallel) + per_graph * (len(sizes) - 1 + full - 1)
 
 
 @dataclass(frozen=True)
