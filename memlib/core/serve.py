@@ -341,7 +341,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     if not 0.0 <= rate < 1.0:
         raise MemlibError(f"prefix_cache_hit_rate {prefix_cache_hit_rate!r} is outside [0, 1); "
                           "expected a fraction such as 0.5")
-    d_over = ve.non_torch_bytes(tp) if release is not None else DEFAULT_NON_TORCH
+    nvlink = gpu is None or (get_gpu(gpu).nvlink_bytes_per_s or 0) >= 600e9
+    d_over = ve.non_torch_bytes(tp, nvlink) if release is not None else DEFAULT_NON_TORCH
     overhead = check_positive("non_torch_bytes", d_over if non_torch_bytes is None else non_torch_bytes,
                               allow_zero=True)
     frag = float(fragmentation)

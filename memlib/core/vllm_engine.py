@@ -37,7 +37,7 @@ from .dtypes import GiB, MiB
 from .errors import MemlibError, check_choice
 
 __all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_POINTS", "REPORTED_TOTAL_BYTES",
-           "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "SAMPLER_BYTES_PER_LOGIT",
+           "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "NON_TORCH_TP_PCIE", "SAMPLER_BYTES_PER_LOGIT",
            "SAMPLER_BYTES_FLASHINFER", "get_release", "reported_total",
            "batch_defaults", "non_torch_bytes", "forward_peak_bytes", "sampler_peak_bytes",
            "profile_activation_bytes", "cudagraph_capture_sizes", "cuda_graph_bytes", "KVGroups", "kv_groups",
@@ -160,8 +160,14 @@ REPORTED_TOTAL_BYTES: dict[str, int] = {
 #: vllm issue 10517). The CUDA context is not in it (it precedes the snapshot).
 NON_TORCH_TP1: int = 256 * MiB
 #: At tensor parallelism ≥ 2, NCCL communicator buffers and vLLM's custom all-reduce IPC buffers join it: about
-#: 2.1 GiB per GPU in public V1 logs (issue 32's survey of start-up logs).
+#: 2.1 GiB per GPU in public V1 logs on NVLink machines (issue 32's survey of start-up logs; a vLLM 0.10.2 log on
+#: 2 × H200 reports 1.38 GiB, tests/data/vllm_v1_logs.json).
 NON_TORCH_TP_MULTI: int = round(2.1 * GiB)
+#: At tensor parallelism ≥ 2 over PCIe (no NVLink): NCCL's peer buffers are small and vLLM's custom all-reduce is
+#: off beyond two GPUs that are not fully connected (``CustomAllreduce.__init__``,
+#: ``vllm/distributed/device_communicators/custom_all_reduce.py``): 0.21 GiB on 4 × L40S (a V1 log in
+#: tests/data/vllm_v1_logs.json), 0.25 on 2 × RTX 4090 and 0.20 on RTX 3090s (V0 logs, vllm issues 13061, 14447).
+NON_TORCH_TP_PCIE: int = round(0.21 * GiB)
 
 
 _MAX_CAPTURE = 512  # largest CUDA-graph batch: min(2 × max_num_seqs, 512) (vllm/config, cudagraph_capture_sizes)
@@ -228,9 +234,13 @@ def batch_defaults(release: VllmRelease, *, gpu_total_bytes: int, gpu: str | Non
     return small, 256
 
 
-def non_torch_bytes(tensor_parallel: int) -> int:
-    """Non-torch memory vLLM counts per GPU: :data:`NON_TORCH_TP1`, or :data:`NON_TORCH_TP_MULTI` with TP ≥ 2."""
-    return NON_TORCH_TP1 if tensor_parallel == 1 else NON_TORCH_TP_MULTI
+def non_torch_bytes(tensor_parallel: int, nvlink: bool = True) -> int:
+    """Non-torch memory vLLM counts per GPU: :data:`NON_TORCH_TP1`; with TP ≥ 2 :data:`NON_TORCH_TP_MULTI` on
+    NVLink machines (``nvlink``: the card has ≥ 600 GB/s of NVLink, SXM boards and bridged H100 PCIe pairs), else
+    :data:`NON_TORCH_TP_PCIE`."""
+    if tensor_parallel == 1:
+        return NON_TORCH_TP1
+    return NON_TORCH_TP_MULTI if nvlink else NON_TORCH_TP_PCIE
 
 
 def forward_peak_bytes(cfg: ModelConfig, tokens: int, tensor_parallel: int = 1, act_bytes: int = 2) -> int:
@@ -284,7 +294,7 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int | Non
 #: Device memory each captured CUDA graph holds of its own, per decoder layer (its kernel nodes and their
 #: parameters), beyond the pool the first capture fills. Fit to vLLM's logged "Estimated CUDA graph memory"
 #: (0.37 GiB for Qwen2.5-7B with 35 PIECEWISE + 19 FULL graphs, v0.22; 0.52 GiB for Qwen3-8B with 51 + 35, v0.21,
-#: LMCache issue 3430): 0.19 MiB per layer per graph, between the two fits (0.23 and 0.16; each log within 17 %).
+#: LMCache issue 3430): 0.19 MiB per layer per graph, between the two fits (0.23 and 0.16; each log within 19 %).
 GRAPH_BYTES_PER_LAYER: int = round(0.19 * MiB)
 
 
@@ -299,7 +309,7 @@ def cuda_graph_bytes(cfg: ModelConfig, release: VllmRelease, *, max_num_seqs: in
     (:func:`forward_peak_bytes` at max(:func:`cudagraph_capture_sizes`)), and every further graph, PIECEWISE for
     each capture size and FULL for the decode sizes up to ``max_num_seqs`` (``CUDAGraphMode.FULL_AND_PIECEWISE``,
     the V1 default), holds :data:`GRAPH_BYTES_PER_LAYER` per layer. The per-graph constant is fitted to two
-    logs (within 17 % of both); pass the logged figure to ``serve(cuda_graph_bytes=...)`` when you have it.
+    logs (within 19 % of both); pass the logged figure to ``serve(cuda_graph_bytes=...)`` when you have it.
     """
     if enforce_eager or not release.cudagraph_estimate:
         return 0
