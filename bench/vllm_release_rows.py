@@ -25,6 +25,7 @@ import urllib.request
 from memlib.core import vllm_engine as ve
 
 ENVS, ARGS, KVU = "vllm/envs.py", "vllm/engine/arg_utils.py", "vllm/v1/core/kv_cache_utils.py"
+SAMPLER = "vllm/v1/sample/ops/topk_topp_sampler.py"
 PLAN = "vllm/v1/core/kv_cache_planning.py"  # the page-size padding moved here in 0.33
 
 # row: (release before it, files to search, marker). The V1 switch itself is gone from the newest release (V0
@@ -35,6 +36,7 @@ MARKERS = {
     "0.8.5": ("0.8.4", (ARGS,), r"device_memory >= 70 \* GiB_bytes"),
     "0.9": ("0.8.5", (ARGS,), r'"a100" not in device_name'),
     "0.9.1": ("0.9.0", (KVU, PLAN), r"Add %d padding layers"),
+    "0.17": ("0.16.0", (SAMPLER,), r"return apply_top_k_top_p_triton\("),
     "0.20": ("0.19.1", (ENVS,), r'"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1"'),
     "0.20.1": ("0.20.0", (KVU,), r"int\(max_concurrency \* max_model_len\)"),
     "0.21": ("0.20.2", (ENVS,), r'"VLLM_USE_FLASHINFER_SAMPLER"\]\)\)\s*if "VLLM_USE_FLASHINFER_SAMPLER" in '

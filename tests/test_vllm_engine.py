@@ -25,7 +25,7 @@ def test_release_rows_resolve_and_unknown_versions_fail():
 # distributions): the last release without the change stays on the row before, the first with it opens its row.
 @pytest.mark.parametrize("version, row", [
     ("0.7.3", "0.6"), ("0.8.0", "0.8"), ("0.8.4", "0.8"), ("0.8.5", "0.8.5"), ("0.8.5.post1", "0.8.5"),
-    ("0.9.0", "0.9"), ("0.9.1", "0.9.1"), ("0.19.1", "0.9.1"), ("0.20.0", "0.20"), ("0.20.1", "0.20.1"),
+    ("0.9.0", "0.9"), ("0.9.1", "0.9.1"), ("0.16.0", "0.9.1"), ("0.17.0", "0.17"), ("0.19.1", "0.17"), ("0.20.0", "0.20"), ("0.20.1", "0.20.1"),
     ("0.20.2", "0.20.1"), ("0.21.0", "0.21"), ("0.27.0", "0.21"), ("0.28.0", "0.28"), ("0.34.0", "0.34"),
 ])
 def test_bisected_release_boundaries(version, row):
@@ -33,8 +33,8 @@ def test_bisected_release_boundaries(version, row):
 
 
 def test_each_row_changes_what_its_note_says():
-    r = {v: ve.get_release(v) for v in ("0.8.4", "0.8.5", "0.9.0", "0.9.1", "0.19.1", "0.20.0", "0.20.1",
-                                         "0.20.2", "0.21.0", "0.27.0", "0.28.0")}
+    r = {v: ve.get_release(v) for v in ("0.8.4", "0.8.5", "0.9.0", "0.9.1", "0.16.0", "0.17.0", "0.19.1", "0.20.0",
+                                         "0.20.1", "0.21.0", "0.27.0", "0.28.0")}
     h100, a100, big = round(79.15 * GiB), round(79.15 * GiB), 178 * GiB
     # arg_utils.py: by device name (0.8.0-0.8.4), by memory (0.8.5), A100 excluded (0.9), 160 GiB tier (0.28)
     assert ve.batch_defaults(r["0.8.4"], gpu_total_bytes=h100, gpu="h100-sxm", max_model_len=8192) == (8192, 1024)
@@ -49,15 +49,17 @@ def test_each_row_changes_what_its_note_says():
     assert ve.cuda_graph_bytes(llama, r["0.19.1"], max_num_seqs=256) == 0 < ve.cuda_graph_bytes(
         llama, r["0.20.0"], max_num_seqs=256)
     assert not r["0.20.0"].tokens_from_concurrency and r["0.20.1"].tokens_from_concurrency
-    assert r["0.20.2"].sampler_bytes_per_logit == ve.SAMPLER_BYTES_PER_LOGIT  # FlashInfer sampler opt-in
-    assert r["0.21.0"].sampler_bytes_per_logit == ve.SAMPLER_BYTES_FLASHINFER  # default on from 0.21.0
+    # topk_topp_sampler.py: a vocabulary sort up to 0.16, the Triton top-k/top-p kernel from 0.17; FlashInfer's
+    # sampler (default from 0.21) leaves the peak alone, the dummy run also warming the native path
+    assert r["0.16.0"].sampler_bytes_per_logit == ve.SAMPLER_BYTES_SORT_V1
+    assert r["0.17.0"].sampler_bytes_per_logit == r["0.21.0"].sampler_bytes_per_logit == ve.SAMPLER_BYTES_TRITON
 
 
 def test_reported_total_is_mem_get_info_not_nominal():
     # gpu_worker.py: requested_memory = MemorySnapshot().total_memory × utilization (mem_get_info's total)
     fit = serve("llama-3.1-8b", max_model_len=8192, gpu="h100-sxm", vllm_version="0.11", weights="bf16")
-    assert fit.gpu_memory_bytes == round(79.15 * GiB)
-    assert fit.budget_bytes == int(round(79.15 * GiB) * 0.9)
+    assert fit.gpu_memory_bytes == round(79.19 * GiB)
+    assert fit.budget_bytes == int(round(79.19 * GiB) * 0.9)
 
 
 def test_batch_defaults_by_gpu_and_entry_point():
@@ -160,10 +162,10 @@ def test_block_arithmetic_matches_vllm_0_11(name, tp, length, chunk, avail_gib, 
 
 
 def test_sampler_share_of_the_peak_by_release():
-    # 0.11: PyTorch top-k/top-p sorts the vocabulary; from 0.21 FlashInfer's sampler is on by default (envs.py)
+    # 0.11: PyTorch top-k/top-p sorts the vocabulary; from 0.17 a Triton kernel does it without a sort
     cfg = load_config("llama-3.1-8b")
     sort = ve.profile_activation_bytes(cfg, max_num_batched_tokens=8192, max_num_seqs=1024,
                                        sampler_bytes_per_logit=ve.get_release("0.11").sampler_bytes_per_logit)
     fused = ve.profile_activation_bytes(cfg, max_num_batched_tokens=8192, max_num_seqs=1024,
                                         sampler_bytes_per_logit=ve.get_release("0.34").sampler_bytes_per_logit)
-    assert sort - fused == 1024 * 128256 * (ve.SAMPLER_BYTES_PER_LOGIT - ve.SAMPLER_BYTES_FLASHINFER)
+    assert sort - fused == 1024 * 128256 * (ve.SAMPLER_BYTES_SORT_V1 - ve.SAMPLER_BYTES_TRITON)

@@ -37,21 +37,32 @@ from .dtypes import GiB, MiB
 from .errors import MemlibError, check_choice
 
 __all__ = ["VllmRelease", "VLLM_RELEASES", "CURRENT_VLLM_VERSION", "VLLM_ENTRY_POINTS", "REPORTED_TOTAL_BYTES",
-           "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "NON_TORCH_TP_PCIE", "SAMPLER_BYTES_PER_LOGIT",
+           "SAMPLER_BYTES_SORT_V1", "SAMPLER_BYTES_TRITON", "NON_TORCH_TP1", "NON_TORCH_TP_MULTI", "NON_TORCH_TP_PCIE", "SAMPLER_BYTES_PER_LOGIT",
            "SAMPLER_BYTES_FLASHINFER", "get_release", "reported_total",
            "batch_defaults", "non_torch_bytes", "forward_peak_bytes", "sampler_peak_bytes",
            "profile_activation_bytes", "cudagraph_capture_sizes", "cuda_graph_bytes", "KVGroups", "kv_groups",
            "blocks_per_request", "BATCH_RULES", "GRAPH_BYTES_PER_LAYER"]
 
 
-#: Bytes per logit alive at the sampler's peak in the profiling run: the bf16 logits the caller holds (2), their
-#: fp32 copy (4), ``logits.sort`` values (4) and int64 indices (8), and the fp32 softmax / scatter result (4)
-#: (``apply_top_k_top_p`` with top-k and top-p both set, as ``_dummy_sampler_run`` sets them).
+#: Bytes per logit alive at the sampler's peak in the profiling run, V0 (and the estimate memlib counts from the
+#: code): the bf16 logits the caller holds (2), their fp32 copy (4), ``logits.sort`` values (4) and int64 indices
+#: (8), and the fp32 softmax / scatter result (4) (``apply_top_k_top_p`` with top-k and top-p both set, as the
+#: dummy sampler run sets them).
 SAMPLER_BYTES_PER_LOGIT: int = 22
-#: The same with FlashInfer's fused top-k/top-p sampling (no sort): bf16 logits (2), their fp32 copy (4) and the
+#: V1 up to v0.16, the same sort path measured: 38 bytes per logit, fitted to Qwen3-14B on an H100 under v0.15 and
+#: v0.16 (5.64 GiB of profiled activations at 8192 tokens and 1024 sequences; a public capacity-planner report,
+#: tests/data/vllm_v1_logs.json). The tensors named above account for about 28; the rest is not traced.
+SAMPLER_BYTES_SORT_V1: int = 38
+#: From v0.17, top-k/top-p runs as a Triton kernel for batches of 8 or more (``apply_top_k_top_p_triton``,
+#: ``vllm/v1/sample/ops/topk_topp_sampler.py``; not in 0.16.0): no vocabulary sort. 15 bytes per logit, fitted
+#: to vLLM 0.19's profiled activations on an H100 (Llama-3.1-8B 1.89 GiB, Qwen2.5-7B and Qwen3-8B 2.21, phi-4
+#: 1.52, gemma-2-9b 3.62; each within 3 %) and to vLLM 0.26 on an RTX 4080 (Qwen2.5-7B, 256 sequences).
+SAMPLER_BYTES_TRITON: int = 15
+#: FlashInfer's fused top-k/top-p sampling alone (no sort): bf16 logits (2), their fp32 copy (4) and the
 #: processed fp32 logits (4). It is the default from v0.21 (``VLLM_USE_FLASHINFER_SAMPLER`` unset means on,
-#: ``vllm/envs.py``); from 0.11.1 to 0.20.2 it was opt-in, and v0.11.0 used it only when the image had FlashInfer
-#: (``flashinfer-python`` is pinned in ``requirements/cuda.txt`` from 0.11.1).
+#: ``vllm/envs.py``; opt-in from 0.11.1 to 0.20.2), but the same release's ``_dummy_sampler_run`` also warms the
+#: native path ("Also warm forward_native", ``gpu_model_runner.py``), so the profiled peak stays
+#: :data:`SAMPLER_BYTES_TRITON`'s.
 SAMPLER_BYTES_FLASHINFER: int = 10
 
 
@@ -80,8 +91,8 @@ class VllmRelease:
         tokens_from_concurrency: the log's "GPU KV cache size" is concurrency × max_model_len (else
             blocks ÷ groups × block size).
         sampler_bytes_per_logit: bytes per logit alive at the profiling sampler's peak
-            (:data:`SAMPLER_BYTES_PER_LOGIT` for the PyTorch sort path, :data:`SAMPLER_BYTES_FLASHINFER` when
-            FlashInfer's top-k/top-p sampling is on by default).
+            (:data:`SAMPLER_BYTES_PER_LOGIT` for V0, :data:`SAMPLER_BYTES_SORT_V1` for V1's sort path up to 0.16,
+            :data:`SAMPLER_BYTES_TRITON` from 0.17).
         note: what changed, in words, with the file that shows it.
     """
 
@@ -100,11 +111,11 @@ class VllmRelease:
         return self.batch_rule != "v0"
 
 
-_SORT, _FI = SAMPLER_BYTES_PER_LOGIT, SAMPLER_BYTES_FLASHINFER
+_V0, _SORT, _TRITON = SAMPLER_BYTES_PER_LOGIT, SAMPLER_BYTES_SORT_V1, SAMPLER_BYTES_TRITON
 
 #: The releases whose start-up accounting differs, oldest first. The last is the current one.
 VLLM_RELEASES: dict[str, VllmRelease] = {r.version: r for r in [
-    VllmRelease("0.6", "v0", "v0", False, False, False, _SORT,
+    VllmRelease("0.6", "v0", "v0", False, False, False, _V0,
                 "V0 engine: profile at max(max_model_len, 2048) tokens, CUDA graphs captured after the KV cache "
                 "is sized (they come out of the 1 - utilization slack)"),
     VllmRelease("0.8", "v1", "h100-name", False, False, False, _SORT,
@@ -117,20 +128,24 @@ VLLM_RELEASES: dict[str, VllmRelease] = {r.version: r for r in [
     VllmRelease("0.9.1", "v1", "not-a100", False, True, False, _SORT,
                 "hybrid allocator: layer groups padded to one page size ('Add N padding layers', "
                 "v1/core/kv_cache_utils.py; not in 0.9.0)"),
-    VllmRelease("0.20", "v1", "not-a100", True, True, False, _SORT,
+    VllmRelease("0.17", "v1", "not-a100", False, True, False, _TRITON,
+                "top-k/top-p as a Triton kernel for batches >= 8 (v1/sample/ops/topk_topp_sampler.py, "
+                "apply_top_k_top_p_triton; not in 0.16.0): no vocabulary sort in the profiled sampler"),
+    VllmRelease("0.20", "v1", "not-a100", True, True, False, _TRITON,
                 "CUDA-graph memory estimated and subtracted from the KV budget by default "
                 "(envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default '1'; logged but off, '0', in 0.18.0-0.19.1; "
                 "the log line says 'default since v0.21.0')"),
-    VllmRelease("0.20.1", "v1", "not-a100", True, True, True, _SORT,
+    VllmRelease("0.20.1", "v1", "not-a100", True, True, True, _TRITON,
                 "'GPU KV cache size' logged as int(max concurrency x max_model_len) (kv_cache_utils.py; "
                 "blocks // groups x block size in 0.20.0)"),
-    VllmRelease("0.21", "v1", "not-a100", True, True, True, _FI,
+    VllmRelease("0.21", "v1", "not-a100", True, True, True, _TRITON,
                 "FlashInfer top-k/top-p sampling on by default (envs.py VLLM_USE_FLASHINFER_SAMPLER unset -> True; "
-                "opt-in from 0.11.1 to 0.20.2): no vocabulary sort in the profiled sampler"),
-    VllmRelease("0.28", "v1", "mem160", True, True, True, _FI,
+                "opt-in from 0.11.1 to 0.20.2); the dummy sampler run also warms the native path, so the profiled "
+                "peak does not change"),
+    VllmRelease("0.28", "v1", "mem160", True, True, True, _TRITON,
                 "16384 batched tokens and 1024 sequences for both entry points from 160 GiB (B200/B300; "
                 "arg_utils.py, not in 0.27.0)"),
-    VllmRelease("0.34", "v1", "mem160", True, True, True, _FI,
+    VllmRelease("0.34", "v1", "mem160", True, True, True, _TRITON,
                 "checked: no change in these terms since 0.28 (the page-size padding moved to "
                 "v1/core/kv_cache_planning.py in 0.33)"),
 ]}
@@ -142,8 +157,10 @@ CURRENT_VLLM_VERSION: str = next(reversed(VLLM_RELEASES))
 VLLM_ENTRY_POINTS = ("serve", "llm")
 
 #: What ``torch.cuda.mem_get_info()`` reports as a card's total, the figure vLLM multiplies by the utilization.
-#: Sources: "total capacity of 79.15 GiB" (PyTorch OOM messages on 80 GB A100/H100, tests/test_oom.py) and vLLM
-#: V0's "Memory profiling results: total_gpu_memory=79.15GiB" (an H100 log quoted in public issue digests);
+#: Sources: 79.19 GiB for an H100 SXM ("total_gpu_memory (79.19GiB)" in a vLLM log,
+#: github.com/kubernetes-sigs/gateway-api-inference-extension/pull/550, and a public capacity-planner report's
+#: "physical 79.19 GiB", tests/data/vllm_v1_logs.json); "total capacity of 79.15 GiB" (PyTorch OOM messages on 80 GB
+#: cards, tests/test_oom.py) for the A100 80 GB and H100 PCIe;
 #: 39.43 GiB for an A100 40 GB (an OOM message, tests/test_oom.py); 23.58 GiB for an RTX 3090
 #: (github.com/vllm-project/vllm/issues/10517); 15.56 GiB for a T4 (vLLM issue log, "total_gpu_memory=15.56GiB");
 #: 21.99 GiB for an A10 ("GPU 1 has a total capacity of 21.99 GiB", github.com/QwenLM/Qwen3/issues/1387); 44.42 GiB
@@ -151,7 +168,7 @@ VLLM_ENTRY_POINTS = ("serve", "llm")
 #: "(139.21/139.81 GiB)", public logs kept in tests/data/vllm_v1_logs.json).
 #: Cards not listed use the nominal size of :data:`memlib.core.hardware.GPUS` (an upper bound).
 REPORTED_TOTAL_BYTES: dict[str, int] = {
-    "h100-sxm": round(79.15 * GiB), "h100-pcie": round(79.15 * GiB), "a100-80gb": round(79.15 * GiB),
+    "h100-sxm": round(79.19 * GiB), "h100-pcie": round(79.15 * GiB), "a100-80gb": round(79.15 * GiB),
     "a100-40gb": round(39.43 * GiB), "rtx-3090": round(23.58 * GiB), "t4": round(15.56 * GiB),
     "a10": round(21.99 * GiB), "l40s": round(44.42 * GiB), "h200": round(139.81 * GiB)}
 
