@@ -7,7 +7,7 @@ over the source distributions of every release from 0.7.3 to 0.34.0.
 
 - ``vllm/v1/worker/gpu_worker.py``, ``Worker.init_device`` / ``determine_available_memory``: the requested
   memory is ``MemorySnapshot().total_memory × gpu_memory_utilization``, the total being what
-  ``torch.cuda.mem_get_info`` reports (an 80 GB H100 reports 79.15 GiB), not the nominal size; the KV cache
+  ``torch.cuda.mem_get_info`` reports (an 80 GB H100 reports 79.19 GiB), not the nominal size; the KV cache
   gets the requested memory − weights − the profiled torch peak − non-torch memory grown since the snapshot
   (− the CUDA-graph estimate from v0.20, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, default 1);
   ``--kv-cache-memory`` replaces it all.
@@ -16,11 +16,11 @@ over the source distributions of every release from 0.7.3 to 0.34.0.
   (tensor parallelism ≥ 2) are created later and counted.
 - ``vllm/v1/worker/gpu_model_runner.py``, ``profile_run`` / ``_dummy_run`` / ``_dummy_sampler_run``: one forward
   pass of ``max_num_batched_tokens`` tokens, then the sampler on ``min(max_num_seqs, tokens)`` rows of
-  logits with top-k and top-p set, which sorts the full vocabulary (``vllm/v1/sample/ops/topk_topp_sampler.py``,
-  ``apply_top_k_top_p``).
+  logits with top-k and top-p set, which sorts the full vocabulary up to v0.16 and runs a Triton kernel from
+  v0.17 (``vllm/v1/sample/ops/topk_topp_sampler.py``, ``apply_top_k_top_p``).
 - ``vllm/engine/arg_utils.py``, ``EngineArgs.get_batch_defaults``: 8192 batched tokens for ``vllm serve``
-  (16384 for ``LLM``) and 1024 sequences on GPUs of ≥ 70 GiB that are not A100s, 16384/1024 from 160 GiB,
-  else 2048 (8192 for ``LLM``) and 256.
+  (16384 for ``LLM``) and 1024 sequences on GPUs of ≥ 70 GiB that are not A100s, 16384/1024 from 160 GiB
+  (v0.28), else 2048 (8192 for ``LLM``) and 256; earlier releases by :data:`BATCH_RULES`.
 - ``vllm/v1/core/kv_cache_utils.py``, ``_get_kv_cache_config_uniform_page_size`` ("Add %d padding layers"),
   ``get_num_blocks``, ``get_max_concurrency_for_kv_cache_config``; ``vllm/v1/kv_cache_interface.py``,
   ``SlidingWindowSpec.max_memory_usage_bytes``: a hybrid model's layers are grouped by the smallest layer count
