@@ -54,11 +54,12 @@ def test_reported_totals_are_the_logged_ones():
 
 
 def test_whole_budget_with_the_card_named():
-    # issue 32's target: memlib serve with the logged settings and --gpu naming the card (vLLM 0.19, H100)
+    # issue 32's target: memlib serve with the logged settings and --gpu naming the card (vLLM 0.9.2 on an A100
+    # 40 GB, 0.19 on an H100): median <= 2 %, max <= 10 %
     checks = _checks("budget")
     errors = sorted(abs(ours / logged - 1) for _, logged, ours, _ in checks)
-    assert len(checks) >= 2 and errors[len(errors) // 2] <= 0.02 and errors[-1] <= 0.10
-    assert errors[-1] <= 0.005  # what the two records reach
+    assert len(checks) >= 3 and errors[len(errors) // 2] <= 0.02 and errors[-1] <= 0.10
+    assert errors[-1] <= 0.01  # what the three records reach (max 0.54 %)
 
 
 def test_whole_budget_where_the_log_gives_total_and_weights():
