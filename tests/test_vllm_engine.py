@@ -81,6 +81,14 @@ def test_non_torch_grows_with_tensor_parallelism():
     assert ve.non_torch_bytes(1) < GiB / 2 < 2 * GiB < ve.non_torch_bytes(2) == ve.non_torch_bytes(4)
 
 
+def test_non_torch_over_pcie_is_nccls_alone():
+    # custom_all_reduce.py: off beyond two GPUs that are not fully connected; L40S has no NVLink
+    assert ve.non_torch_bytes(4, nvlink=False) == ve.NON_TORCH_TP_PCIE < GiB / 2
+    pcie = serve("llama-3.1-8b", max_model_len=8192, gpu="l40s", tensor_parallel=4, vllm_version="0.19")
+    nvl = serve("llama-3.1-8b", max_model_len=8192, gpu="h100-sxm", tensor_parallel=4, vllm_version="0.19")
+    assert (pcie.non_torch_bytes, nvl.non_torch_bytes) == (ve.NON_TORCH_TP_PCIE, ve.NON_TORCH_TP_MULTI)
+
+
 def test_forward_peak_matches_v0_profile_on_rtx_3090():
     # vllm issue 10517: peak_torch_memory 17.06 GiB − weights 14.9888 GB(=GiB) = 2.07 GiB at 20,000 tokens
     peak = ve.forward_peak_bytes(load_config("llama-3.1-8b"), 20000)
