@@ -13,8 +13,9 @@ dependency::
         opentelemetry-api opentelemetry-sdk openai sniffio openai_harmony pybase64 diskcache
     VLLM_SRC=/tmp/vllmsrc/vllm-0.11.0 VLLM_DEPS=/tmp/vllmdeps python bench/serve_vs_vllm.py
 
-Without them Part 1 is skipped. Part 2 needs nothing: public start-up log lines (URL with each) against
-``memlib serve`` with the logged settings; it prints each error and the median and maximum.
+Without them Part 1 is skipped. Part 2 needs nothing: public V0 start-up log lines (URL with each) against
+``memlib serve`` with the logged settings; it prints each error and the median and maximum. The V1 logs
+(vLLM >= 0.8) are in tests/data/vllm_v1_logs.json, compared figure by figure by bench/serve_vs_logs.py.
 """
 from __future__ import annotations
 

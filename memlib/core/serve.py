@@ -253,7 +253,7 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
           non_torch_bytes: int | None = None, cuda_graph_bytes: int | None = None,
           layout: str | None = None, fragmentation: float = 0.0, vllm_version: str | None = None,
           entry_point: str = "serve", enforce_eager: bool = False,
-          kv_cache_memory: int | None = None) -> ServeFit:
+          kv_cache_memory: int | None = None, weights_bytes: int | None = None) -> ServeFit:
     """How many requests a vLLM-style engine serves at once: the KV-block budget, term by term. Chapter 14.
 
     kv_budget = utilization × GPU − weights (− draft weights) − activation peak of a prefill chunk of
@@ -303,6 +303,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
         entry_point: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class), for the batch defaults.
         enforce_eager: no CUDA graphs (with ``vllm_version``).
         kv_cache_memory: ``--kv-cache-memory`` bytes: the KV cache size, profiling ignored (with ``vllm_version``).
+        weights_bytes: the weights on this GPU when known (vLLM logs it: "Model loading took X GiB"), in place of
+            memlib's estimate from ``weights`` (a checkpoint quantized another way, AWQ or GPTQ, differs from it).
 
     Returns:
         The budget and what it holds.
@@ -339,7 +341,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     if not 0.0 <= rate < 1.0:
         raise MemlibError(f"prefix_cache_hit_rate {prefix_cache_hit_rate!r} is outside [0, 1); "
                           "expected a fraction such as 0.5")
-    d_over = ve.non_torch_bytes(tp) if release is not None else DEFAULT_NON_TORCH
+    nvlink = gpu is None or (get_gpu(gpu).nvlink_bytes_per_s or 0) >= 600e9
+    d_over = ve.non_torch_bytes(tp, nvlink) if release is not None else DEFAULT_NON_TORCH
     overhead = check_positive("non_torch_bytes", d_over if non_torch_bytes is None else non_torch_bytes,
                               allow_zero=True)
     frag = float(fragmentation)
@@ -350,6 +353,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
 
     est = estimate_inference(cfg, seq_len=1, weights=weights)
     w = -(-est.weights_bytes * layers // (cfg.num_layers * tp))
+    if weights_bytes is not None:
+        w = check_positive("weights_bytes", weights_bytes)
     per_token = serve_kv_bytes_per_token(cfg, kv_dtype, tp, pipeline_parallel=pp, layout=layout)
     draft_w = 0
     draft_name = None
@@ -381,7 +386,7 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
         act = ve.profile_activation_bytes(cfg, max_num_batched_tokens=chunk, max_num_seqs=seqs, tensor_parallel=tp,
                                           sampler_bytes_per_logit=release.sampler_bytes_per_logit)
         d_graphs = ve.cuda_graph_bytes(cfg, release, max_num_seqs=seqs, tensor_parallel=tp,
-                                       enforce_eager=enforce_eager)
+                                       enforce_eager=enforce_eager, max_num_batched_tokens=chunk)
     graphs = check_positive("cuda_graph_bytes", d_graphs if cuda_graph_bytes is None else cuda_graph_bytes,
                             allow_zero=True)
     if release is not None:
