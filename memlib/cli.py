@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .core.choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS,
+from .core.choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZER_SOURCES,
                            OPTIMIZERS, PRECISIONS, FP8_RECIPES, LOSSES, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GiB
@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--loss-chunk", type=_positive_int, default=1024, help="tokens per chunk of --loss chunked")
     t.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="torch.optim.AdamW implementation: foreach (default, CUDA's), fused or for-loop")
+    t.add_argument("--optimizer-source", choices=OPTIMIZER_SOURCES, default="framework",
+                   help="DeepSpeed only: framework (default: FusedAdam from the config) or client (a torch.optim "
+                        "optimizer passed to deepspeed.initialize, stepped with --optimizer-impl)")
     t.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
                    help="whose memory layout: pytorch (default: torch.autocast AMP, ZeRO-1 as ZeroRedundancyOptimizer), "
                         "deepspeed (ZeRO 0-3, offload), fsdp2 (ZeRO 2-3) or megatron (tp/pp, distributed optimizer)")
@@ -565,7 +568,7 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
                          gradient_as_bucket_view=args.bucket_view, etp=args.etp,
                          grad_accum=args.grad_accum, fp8_recipe=args.fp8_recipe, loss=args.loss,
-                         loss_chunk=args.loss_chunk)
+                         loss_chunk=args.loss_chunk, optimizer_source=args.optimizer_source)
 
 
 def _parse_size(text: str) -> int:

@@ -148,7 +148,11 @@ def test_offload_never_raises_gpu_memory_and_qlora_never_exceeds_lora(name: str,
                                                                       gpus: int, opt: str) -> None:
     kw = dict(batch_size=b, seq_len=min(s, load_config(name).max_positions), zero_stage=stage, num_gpus=gpus,
               optimizer=opt, framework="deepspeed")
-    plain = estimate_training(name, **kw)
+    try:
+        plain = estimate_training(name, **kw)
+    except MemlibError:  # bitsandbytes on a DeepSpeed ZeRO-1/2 partition above int32: refused
+        assert opt == "adamw-8bit" and stage in (1, 2)
+        return
     off = estimate_training(name, offload="optimizer", **kw)
     assert off.total_bytes <= plain.total_bytes
     if stage == 3:

@@ -12,7 +12,8 @@ from typing import NoReturn
 
 from .dtypes import WEIGHT_FORMATS
 
-__all__ = ["PRECISIONS", "FP8_RECIPES", "LOSSES", "OPTIMIZERS", "OPTIMIZER_IMPLS", "FRAMEWORKS", "FRAMEWORK_SUPPORT", "WITH_PARALLELISM",
+__all__ = ["PRECISIONS", "FP8_RECIPES", "LOSSES", "OPTIMIZERS", "OPTIMIZER_IMPLS", "OPTIMIZER_SOURCES", "FRAMEWORKS",
+           "FRAMEWORK_PRECISIONS", "check_framework_precision", "FRAMEWORK_SUPPORT", "WITH_PARALLELISM",
            "framework_combinations", "check_framework", "PARALLEL_DEGREES", "ZERO_STAGES", "RECOMPUTE", "ATTENTION", "OFFLOAD", "METHODS",
            "LORA_TARGETS", "SCHEDULES", "MODEL_DTYPES", "KV_DTYPES", "WEIGHT_FORMATS", "OneLineParser", "positive_int"]
 
@@ -35,6 +36,12 @@ OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw-8bit")
 #: (``_single_tensor_adam``, ``foreach=False, fused=False``, the CPU default). bitsandbytes' adamw-8bit and SGD
 #: ignore it.
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+#: Who builds the optimizer DeepSpeed steps (``deepspeed.initialize``): ``framework``, DeepSpeed from its config's
+#: ``optimizer`` block (``{"type": "AdamW"}``: its FusedAdam, no temporary of its own, ``optimizer_impl`` unused);
+#: ``client``, the training script's ``torch.optim`` optimizer passed as ``optimizer=`` (the Hugging Face Trainer
+#: without an optimizer block), which keeps its ``optimizer_impl``'s step temporaries
+#: (:mod:`memlib.core.frameworks.deepspeed_client`). bitsandbytes' adamw-8bit is always the client's.
+OPTIMIZER_SOURCES = ("framework", "client")
 #: Training frameworks whose memory layout the estimator follows (Chapter 1; :mod:`memlib.core.frameworks`):
 #: ``pytorch`` (torch.autocast AMP, fp32 params and grads; ZeRO-1 is ``ZeroRedundancyOptimizer``), ``deepspeed``
 #: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with
@@ -52,6 +59,13 @@ FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, 
     "deepspeed": ((0, 1, 2, 3), OFFLOAD, ("ep",)),
     "fsdp2": ((2, 3), ("none", "params+optimizer"), ("tp", "pp", "cp")),  # TorchTitan's FSDP2 + TP + PP + CP
     "megatron": ((0, 1), ("none",), PARALLEL_DEGREES),
+}
+#: The precisions a framework runs, where fewer than :data:`PRECISIONS`, and why: Megatron-LM has no pure bf16
+#: (``megatron/training/arguments.py``: ``--bf16`` keeps fp32 main params and, via ``grad_reduce_in_fp32``, an
+#: fp32 ``main_grad``: that is ``bf16-mixed``).
+FRAMEWORK_PRECISIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "megatron": (("fp32", "fp16-mixed", "bf16-mixed", "fp8-mixed"),
+                 "Megatron-LM's --bf16 keeps fp32 main params and gradients: that is bf16-mixed"),
 }
 #: The ZeRO stages and offload choices left with model parallelism, where fewer than without it: DeepSpeed-MoE's
 #: expert parallelism runs with ZeRO 0-2 and no offload in memlib's model.
@@ -87,6 +101,17 @@ def framework_combinations() -> str:
         zero = "-".join(str(z) for z in (stages[0], stages[-1])) if len(stages) > 1 else str(stages[0])
         parts.append(f"{name}: zero {zero}, offload {'/'.join(offloads)}" + (f", {'/'.join(mp)}" if mp else ""))
     return "; ".join(parts)
+
+
+def check_framework_precision(framework: str, precision: str) -> None:
+    """Raise :class:`~memlib.core.errors.MemlibError` (one line naming the framework's precisions) for a precision
+    the framework does not run (:data:`FRAMEWORK_PRECISIONS`), e.g. ``megatron`` with pure ``bf16``."""
+    from .errors import MemlibError
+
+    if framework in FRAMEWORK_PRECISIONS and precision not in FRAMEWORK_PRECISIONS[framework][0]:
+        valid, why = FRAMEWORK_PRECISIONS[framework]
+        raise MemlibError(f"framework {framework!r} does not run precision {precision!r} ({why}); expected one of: "
+                          f"{', '.join(valid)}")
 
 
 def check_framework(framework: str, zero_stage: int, offload: str, parallel: bool | tuple[str, ...]) -> None:

@@ -236,7 +236,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       framework: str | None = None,
                       gradient_as_bucket_view: bool | None = None, etp: int | None = None,
                       grad_accum: int | None = None, fp8_recipe: str | None = None,
-                      loss: str | None = None, loss_chunk: int | None = None) -> TrainingEstimate:
+                      loss: str | None = None, loss_chunk: int | None = None,
+                      optimizer_source: str | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
@@ -266,7 +267,10 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         precision: ``fp32``, ``fp16-mixed``, ``bf16-mixed`` or ``bf16``.
         optimizer: ``sgd``, ``sgd-momentum``, ``adamw`` or ``adamw-8bit``.
         optimizer_impl: ``foreach`` (default), ``fused`` or ``for-loop``: the torch.optim.AdamW implementation
-            (``adamw`` only; :data:`memlib.core.choices.OPTIMIZER_IMPLS`).
+            (``adamw`` only; :data:`memlib.core.choices.OPTIMIZER_IMPLS`). Under DeepSpeed it applies with
+            ``optimizer_source="client"`` only.
+        optimizer_source: ``framework`` (default) or ``client``, DeepSpeed only: its FusedAdam built from the
+            config, or the script's ``torch.optim`` optimizer (:data:`memlib.core.choices.OPTIMIZER_SOURCES`).
         zero_stage: 0 (plain data parallel), 1, 2 or 3 (the stages ``framework`` supports).
         gradient_as_bucket_view: PyTorch DDP's flag (``framework="pytorch"`` with ``num_gpus`` > 1, which is
             ``DistributedDataParallel``): False (DDP's default) adds the Reducer's flat gradient buckets, one more
@@ -330,7 +334,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         offload=offload, method=method, lora_rank=lora_rank, lora_targets=lora_targets, tp=tp, pp=pp, cp=cp, ep=ep,
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
         optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view,
-        etp=etp, grad_accum=grad_accum, fp8_recipe=fp8_recipe, loss=loss, loss_chunk=loss_chunk))
+        etp=etp, grad_accum=grad_accum, fp8_recipe=fp8_recipe, loss=loss, loss_chunk=loss_chunk,
+        optimizer_source=optimizer_source))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .choices import FRAMEWORK_SUPPORT, FRAMEWORKS
+from .choices import FRAMEWORK_PRECISIONS, FRAMEWORK_SUPPORT, FRAMEWORKS, PRECISIONS
 from .configs import ModelConfig, load_config
 from .dtypes import GB, GiB, parse_size
 from .errors import MemlibError, check_choice, check_positive
@@ -253,6 +253,12 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         e = estimate_training(cfg, st)
         return e.total_bytes, e.cpu_bytes
 
+    def runs(st: TrainingSetup) -> bool:  # the estimator refuses what no framework runs (bitsandbytes' 8-bit
+        try:                               # AdamW on a DeepSpeed ZeRO-1/2 partition above 2³¹ − 1 elements)
+            return est(st) is not None
+        except MemlibError:
+            return False
+
     def best_micro(st: TrainingSetup, acc: int) -> tuple[TrainingSetup, int]:
         """With accumulation on: the largest micro-batch dividing the batch that fits (1 if none does)."""
         if not accumulate:
@@ -277,7 +283,7 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
         chosen_idx = 0
     else:
         for technique, changes in _ladder(job, n_gpus, b, cfg.model_type):
-            variants = [v for v in (change(setup) for change in changes) if v is not None]
+            variants = [v for v in (change(setup) for change in changes) if v is not None and runs(v)]
             if not variants:
                 last = steps[-1]
                 steps.append(PlanStep(technique, _public(setup, accumulation), last.per_gpu_bytes, last.cpu_bytes,
@@ -388,7 +394,9 @@ def _ladder(job: str, n_gpus: int, b: int, model_type: str = "llama") -> list[tu
         ("ZeRO-2", [_zero(2)] if multi else []),
         ("8-bit AdamW", [_set(optimizer="adamw-8bit")]),
         ("ZeRO-3", [_zero(3)] if multi else []),
-        ("pure bf16", [_set(precision="bf16")] if job == "train" else []),
+        ("pure bf16", [lambda st: replace(st, precision="bf16")  # where the framework runs it (not Megatron-LM)
+                       if "bf16" in FRAMEWORK_PRECISIONS.get(st.framework, (PRECISIONS,))[0] else None]
+         if job == "train" else []),
         ("switch to DeepSpeed", [_switch(multi)]),
         ("CPU offload", [_offload("optimizer"), _offload("params+optimizer")]),
         ("LoRA / QLoRA", [_set(method="lora", offload="none"), _set(method="qlora", offload="none"),
@@ -433,11 +441,11 @@ def _prune(steps: list[PlanStep], idx: int, setup: TrainingSetup, accumulation: 
                                                              else 0)}
         try:
             trial, trial_acc = replace(final, **off), final_acc
+            if st.technique == "gradient accumulation":
+                trial, trial_acc = replace(trial, batch_size=b0, grad_accum=acc0), acc0
+            needed = not fits_mem(est(trial)[0])
         except MemlibError:
-            continue  # the framework needs this rung for the rungs above it
-        if st.technique == "gradient accumulation":
-            trial, trial_acc = replace(trial, batch_size=b0, grad_accum=acc0), acc0
-        needed = not fits_mem(est(trial)[0])
+            continue  # the framework needs this rung for the rungs above it (or runs nothing without it)
         steps[i] = PlanStep(st.technique, st.settings, st.per_gpu_bytes, st.cpu_bytes, st.fits, st.cost, True, needed,
                             st.reserve_bytes)
         if not needed:

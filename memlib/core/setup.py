@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .choices import (ATTENTION, FP8_RECIPES, LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
-                      RECOMPUTE, SCHEDULES, ZERO_STAGES, check_framework)
+from .choices import (ATTENTION, FP8_RECIPES, LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZER_SOURCES, OPTIMIZERS,
+                      PRECISIONS, RECOMPUTE, SCHEDULES, ZERO_STAGES, check_framework, check_framework_precision)
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 
@@ -59,10 +59,14 @@ class TrainingSetup:
             with ``precision="fp8-mixed"``.
         loss: one of :data:`memlib.core.choices.LOSSES` (Chapter 17, :mod:`memlib.core.losses`).
         loss_chunk: tokens per chunk of the ``chunked`` loss (the ``fused`` loss takes Liger-Kernel's own chunk).
+        optimizer_source: one of :data:`memlib.core.choices.OPTIMIZER_SOURCES` (``framework="deepspeed"`` only):
+            ``framework``, DeepSpeed's FusedAdam built from its config (``optimizer_impl`` unused); ``client``, a
+            ``torch.optim`` optimizer passed to ``deepspeed.initialize``, stepped with its ``optimizer_impl``'s
+            temporaries (:mod:`memlib.core.frameworks.deepspeed_client`).
 
     Raises:
         MemlibError: on construction, for a bad value (one line naming it and the valid choices) or a
-            combination that does not exist (a framework without that ZeRO stage or offload, ``checkpoint_every`` without full recomputation, parameter offload
+            combination that does not exist (a framework without that ZeRO stage, offload or precision, ``checkpoint_every`` without full recomputation, parameter offload
             below ZeRO-3). Checks that need the model (sequence length, heads dividing tp) are the estimator's.
     """
 
@@ -94,6 +98,7 @@ class TrainingSetup:
     fp8_recipe: str = "tensorwise"
     loss: str = "standard"
     loss_chunk: int = 1024
+    optimizer_source: str = "framework"
 
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
@@ -120,6 +125,11 @@ class TrainingSetup:
         if self.etp is not None:
             check_positive("etp", self.etp)
         check_framework(self.framework, self.zero_stage, self.offload, self.parallel_degrees)
+        check_framework_precision(self.framework, self.precision)
+        check_choice("optimizer source", self.optimizer_source, OPTIMIZER_SOURCES)
+        if self.optimizer_source == "client" and self.framework != "deepspeed":
+            raise MemlibError(f"optimizer_source 'client' is DeepSpeed's (a torch.optim optimizer passed to "
+                              f"deepspeed.initialize; got framework {self.framework!r}); expected framework: deepspeed")
         if not isinstance(self.gradient_as_bucket_view, bool):
             raise MemlibError(f"invalid gradient_as_bucket_view {self.gradient_as_bucket_view!r}; expected one of: "
                               "False, True")

@@ -76,6 +76,8 @@ def echo_settings(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train
         settings["optimizer_impl"] = setup.optimizer_impl
     if setup.gradient_as_bucket_view:  # likewise
         settings["gradient_as_bucket_view"] = True
+    if setup.optimizer_source != "framework":  # likewise
+        settings["optimizer_source"] = setup.optimizer_source
     if setup.grad_accum != 1:  # likewise
         settings["grad_accum"] = setup.grad_accum
     if setup.precision == "fp8-mixed":  # Chapter 17

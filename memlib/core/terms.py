@@ -83,8 +83,10 @@ class TrainingEstimate:
         optimizer_bytes: optimizer states, fp32 master weights included (the ZeRO paper's KΨ; no master under
             PyTorch AMP and FSDP2, whose fp32 params are stepped directly).
         activations_bytes: bytes saved for backward at the end of the forward pass (None with ``params=``).
-        temp_bytes: the transient buffers on top of the states at the peak moment (loss and backward
-            temporaries, or the optimizer step's temporaries), 0 with ``params=``.
+        temp_bytes: at an optimizer-step peak, the step's temporaries; at a backward peak, everything on top of
+            the weights, optimizer states and saved activations at that moment (the loss's and the backward's
+            temporaries, and the gradients accumulated so far, which ``grads_bytes`` also counts: use
+            :attr:`beyond_states_bytes` for what the peak holds beyond the model states); 0 with ``params=``.
         total_bytes: the estimated peak: max(forward/backward peak, optimizer-step peak).
         peak_phase: ``"backward"`` or ``"optimizer"``: where the peak is expected; ``"states"`` with ``params=``.
         settings: the inputs, echoed (with ``params`` and ``trainable_params``).
@@ -109,6 +111,13 @@ class TrainingEstimate:
     def model_states_bytes(self) -> int:
         """Parameters + gradients + optimizer states."""
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def beyond_states_bytes(self) -> int:
+        """What the peak holds on top of the model states: ``total_bytes`` − :attr:`model_states_bytes` (the
+        activations and temporaries live at that moment; at a backward peak the gradients accumulated so far are
+        in the states already, not counted twice). Chapter 1's "on top of the states at the peak" column."""
+        return self.total_bytes - self.model_states_bytes
 
     @property
     def peak_bytes(self) -> int:

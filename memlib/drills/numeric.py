@@ -16,6 +16,7 @@ from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MiB, dtype_bytes, weight_bytes_per_param
 from ..core.errors import check_choice
 from ..core.estimate import KV_DTYPES, estimate_inference, korthikanti_activation_bytes, state_bytes_per_param
+from ..core.frameworks.deepspeed_client import INT32_MAX
 from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
 from ..core.cluster import (allreduce_time_s, critical_batch, min_gpus_serve, prefill_time,
@@ -63,6 +64,8 @@ def _model_states(rng: random.Random, seed: int) -> Drill:
     optimizer = rng.choice(("sgd", "sgd-momentum", "adamw", "adamw", "adamw-8bit"))
     stage = rng.choice((0, 1, 2, 3))
     gpus = 1 if stage == 0 and rng.random() < 0.3 else rng.choice((2, 4, 8, 16, 64))
+    if optimizer == "adamw-8bit" and stage in (1, 2) and -(-billions * 10**9 // gpus) > INT32_MAX:
+        stage = 3  # bitsandbytes cannot step a flat ZeRO-1/2 partition above 2³¹ − 1 elements (int32 numel)
     e = estimate_training(params=billions * 10**9, precision=precision, optimizer=optimizer, zero_stage=stage,
                           num_gpus=gpus)
     q = (f"A {billions}B-parameter model is trained with {_PRECISION_WORDS[precision]} and "
@@ -215,6 +218,8 @@ def _zero_min_gpus(rng: random.Random, seed: int) -> Drill:
         stage = rng.choice((1, 2, 3, 3))
         mem = rng.choice((24, 40, 48, 80, 141))
         optimizer = rng.choice(("adamw", "adamw", "adamw-8bit"))
+        if optimizer == "adamw-8bit" and stage < 3:  # bitsandbytes on a flat ZeRO-1/2 partition: int32-bound
+            continue
         counts = [2**k for k in range(11)]
         fits = [n for n in counts if estimate_training(params=billions * 10**9, optimizer=optimizer,
                                                        zero_stage=stage, num_gpus=n).total_bytes <= mem * GiB]

@@ -11,7 +11,8 @@ without naming any framework. A new framework (TorchTitan, Megatron-FSDP) is one
 :data:`memlib.core.choices.FRAMEWORK_SUPPORT`, plus its tests.
 
 * **pytorch** (:mod:`.pytorch`): ``torch.autocast`` AMP, DDP, ``ZeroRedundancyOptimizer``; 4 + 4 + K.
-* **deepspeed** (:mod:`.deepspeed`): the ZeRO paper's 2 + 2 + 12, by stage; offload.
+* **deepspeed** (:mod:`.deepspeed`): the ZeRO paper's 2 + 2 + 12, by stage; offload; stepping the script's own
+  optimizer (a torch.optim AdamW, bitsandbytes' 8-bit AdamW): :mod:`.deepspeed_client`.
 * **fsdp2** (:mod:`.fsdp2`): ``fully_shard``, (4 + 4 + 8)/N plus the working set.
 * **megatron** (:mod:`.megatron`): 2 + 4 + 12 (fp32 ``main_grad``), the distributed optimizer as ZeRO-1.
 
@@ -27,6 +28,7 @@ from ..setup import TrainingSetup
 from .base import Framework, Saved, Support
 from .base import parameter_order as _parameter_order  # the old private name (tests/test_optimizer_impl.py)
 from .deepspeed import DEEPSPEED, DS_REDUCE_BUCKET, DS_SUB_GROUP_SIZE, DeepSpeed
+from .deepspeed_client import DEEPSPEED_CLIENT, uses_client_optimizer
 from .fsdp2 import FSDP_2, FSDP2, fsdp2_backward_bytes
 from .fsdp2 import traced_layout as _fsdp2_traced
 from .megatron import MEGATRON, Megatron
@@ -52,7 +54,10 @@ def get_framework(name: str) -> Framework:
 
 
 def framework_for(setup: TrainingSetup) -> Framework:
-    """The framework object whose layout ``setup`` follows."""
+    """The framework object whose layout ``setup`` follows (DeepSpeed stepping the script's optimizer:
+    :class:`~memlib.core.frameworks.deepspeed_client.DeepSpeedClient`)."""
+    if uses_client_optimizer(setup):
+        return DEEPSPEED_CLIENT
     return FRAMEWORK_OBJECTS[setup.framework]
 
 

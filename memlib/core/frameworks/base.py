@@ -241,7 +241,9 @@ def torch_adamw_step_bytes(cfg: ModelConfig, setup: TrainingSetup, n: int, n_tra
 
     - ``foreach`` (``_multi_tensor_adam``): ``torch._foreach_sqrt(device_exp_avg_sqs)`` allocates one buffer
       the size of all of v: v-bytes·Ψ (4 under AMP and fp32, 2 in pure bf16) ÷ ``shards`` (the ranks stepping a
-      shard each), 4·Ψ_train for LoRA's fp32 adapters;
+      shard each), 4·Ψ_train for LoRA's fp32 adapters. One buffer since PyTorch 2.1 (pull request 104898,
+      "[foreach][AdamW] Minimize intermediates"); up to 2.0 ``denom = torch._foreach_add(exp_avg_sq_sqrt, eps)``
+      allocated a second, twice this (not modelled);
     - ``for-loop`` (``_single_tensor_adam``): per tensor, ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)
       .add_(eps)`` holds the sqrt and the quotient at once, and the previous tensor's ``denom`` lives until the
       name is rebound: max over tensors i of numel(i−1) + 2·numel(i) elements (:func:`for_loop_elements`),
