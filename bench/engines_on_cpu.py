@@ -8,6 +8,16 @@ bf16 parameters as FSDP2's ``MixedPrecisionPolicy`` computes them) on one tiny L
 counted with :class:`memlib.measure.parallel_counters.SavedBytes` (``saved_tensors_hooks``, distinct storages,
 parameters and buffers excluded) from the forward through the loss.
 
+The training steps (``steps`` in the record, ``tests/test_engine_steps.py``): each engine's model states and the peak
+of live tensor bytes over two whole steps (forward, backward, optimizer step; the second is the steady state),
+counted by :class:`memlib.measure.tracker.MemoryTracker` (its dispatch mode entered before the model is built, as
+``bench/deepspeed_cpu_memory.py`` does; FSDP2's storage resizes reported by ``memlib.measure.recipes``). Megatron-Core:
+``DistributedDataParallel(grad_reduce_in_fp32=True, use_distributed_optimizer=True)`` and
+``get_megatron_optimizer(use_distributed_optimizer=True)``; what needed CUDA: its Adam is TransformerEngine's or
+apex's ``FusedAdam`` on a GPU and ``torch.optim.AdamW`` here (``megatron/core/optimizer/__init__.py``'s fallback),
+and a few ``device='cuda'`` literals and ``Tensor.type()`` checks are redirected (:func:`_cuda_literals_on_cpu`).
+TorchTitan: ``apply_fsdp_to_decoder`` on a one-rank ``fsdp`` mesh, ``torch.optim.AdamW(fused=True)``.
+
 The engines are not in requirements.txt (their dependencies would move the book's pins); install them beside it::
 
     python -m venv /tmp/enginesenv && /tmp/enginesenv/bin/pip install --no-deps megatron-core==0.16.1 \\
