@@ -196,8 +196,10 @@ def megatron_core_step() -> dict[str, Any]:
             "states": states, "steps": steps}
 
 
-def _torchtitan_model() -> tuple[Any, Any]:
-    """TorchTitan's Llama3Model on the tiny config (fp32 parameters, as TorchTitan builds it) and the token ids."""
+def _torchtitan_model(layers: int = TINY["num_hidden_layers"], sequence_parallel: bool | None = None
+                      ) -> tuple[Any, Any]:
+    """TorchTitan's Llama3Model on the tiny config (fp32 parameters, as TorchTitan builds it) and the token ids;
+    ``sequence_parallel`` not None: its TP sharding config (``set_llama3_sharding_config(enable_sp=...)``)."""
     stub = types.ModuleType("torchtitan.distributed.minimal_async_ep.kernels")
     stub.__getattr__ = lambda name: None  # type: ignore[attr-defined]  # triton kernels of MoE EP only
     sys.modules.setdefault(stub.__name__, stub)
@@ -212,9 +214,13 @@ def _torchtitan_model() -> tuple[Any, Any]:
         dim=h, vocab_size=V, tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=h),
         norm=RMSNorm.Config(normalized_shape=h), lm_head=Linear.Config(in_features=h, out_features=V),
         layers=llama3._build_llama3_layers(
-            n_layers=c["num_hidden_layers"], dim=h, n_heads=a, n_kv_heads=c["num_key_value_heads"],
+            n_layers=layers, dim=h, n_heads=a, n_kv_heads=c["num_key_value_heads"],
             hidden_dim=c["intermediate_size"], rope=ComplexRoPE.Config(dim=h // a, max_seq_len=SEQ, theta=500000),
             attn_backend="sdpa"))
+    if sequence_parallel is not None:
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+        set_llama3_sharding_config(cfg, enable_sp=sequence_parallel)
     torch.manual_seed(0)
     return cfg.build(), torch.randint(0, V, (BATCH, SEQ))
 
@@ -277,6 +283,65 @@ def torchtitan_step() -> dict[str, Any]:
             "params": sum(p.numel() for p in model.parameters()), "states": states, "steps": steps}
 
 
+TP_WORLD = 2
+
+
+def _tp_worker(rank: int, port: int, sequence_parallel: bool, layers: int, queue: Any) -> None:
+    """One of two gloo ranks: TorchTitan's Llama 3 under its TP plan, forward + TorchTitan's loss + backward."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=TP_WORLD)
+    from memlib.measure.parallel_counters import CommCounter
+
+    model, ids = _torchtitan_model(layers, sequence_parallel)
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed.utils import set_spmd_backend
+
+    parallel_dims.device_type = "cpu"  # torchtitan.tools.utils.device_type falls back to "cuda"
+    set_spmd_backend("partial_dtensor")  # the DTensor path: _LossParallelCrossEntropy on the vocab shards
+    dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=TP_WORLD, pp=1, ep=1,
+                                      world_size=TP_WORLD, spmd_backend="partial_dtensor")
+    dims.build_mesh()
+    for p in model.parameters():  # bf16 weights in compute, as FSDP2's MixedPrecisionPolicy gives them
+        p.data = p.data.to(torch.bfloat16)
+    model.parallelize(dims)
+    sb = SavedBytes(exclude=list(model.parameters()) + list(model.buffers()))
+    comm = CommCounter(TP_WORLD)
+    with comm.counting():
+        with sb.hooks():
+            loss = cross_entropy_loss(model(ids), ids, global_vocab_size=TINY["vocab_size"])
+        forward = {k: v[0] for k, v in comm.records.items()}
+        saved = sb.live
+        loss.backward()
+    if rank == 0:
+        queue.put({"sequence_parallel": sequence_parallel, "layers": layers, "saved_bytes": saved,
+                   "forward_collectives": forward, "step_collectives": {k: v[0] for k, v in comm.records.items()}})
+    dist.destroy_process_group()
+
+
+def torchtitan_tp() -> dict[str, Any]:
+    """TorchTitan's TP plan (``set_llama3_sharding_config`` + ``Module.parallelize``: fused wqkv and w1/w3
+    column-parallel, wo and w2 row-parallel; with SP the attention and feed-forward inputs go Shard(1) →
+    Replicate once each) on two gloo ranks, with and without sequence parallelism, 1 and 2 layers (their
+    difference is one layer's collectives): rank 0's saved bytes and the collectives of a forward + backward."""
+    from importlib.metadata import version
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    runs = []
+    for i, (sp, layers) in enumerate([(sp, n) for sp in (True, False) for n in (1, 2)]):
+        queue = ctx.Queue()
+        mp.start_processes(_tp_worker, args=(29641 + i, sp, layers, queue), nprocs=TP_WORLD, join=True,
+                           start_method="spawn")
+        runs.append(queue.get())
+    return {"engine": "torchtitan", "version": version("torchtitan"), "tp": TP_WORLD,
+            "spec": "Llama3Model, set_llama3_sharding_config + parallelize (spmd_backend partial_dtensor), bf16 "
+                    "parameters, cross_entropy_loss (vocab-parallel), gloo", "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"write {OUT.name}")
@@ -284,7 +349,7 @@ def main() -> None:
     runs = [megatron_core(), torchtitan()]
     steps = [megatron_core_step(), torchtitan_step()]
     data = {"command": "python bench/engines_on_cpu.py --write", "torch": torch.__version__, "config": TINY,
-            "batch_size": BATCH, "seq_len": SEQ, "runs": runs, "steps": steps}
+            "batch_size": BATCH, "seq_len": SEQ, "runs": runs, "steps": steps, "tensor_parallel": torchtitan_tp()}
     print(json.dumps(data, indent=1))
     if args.write:
         OUT.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
