@@ -18,6 +18,12 @@ apex's ``FusedAdam`` on a GPU and ``torch.optim.AdamW`` here (``megatron/core/op
 and a few ``device='cuda'`` literals and ``Tensor.type()`` checks are redirected (:func:`_cuda_literals_on_cpu`).
 TorchTitan: ``apply_fsdp_to_decoder`` on a one-rank ``fsdp`` mesh, ``torch.optim.AdamW(fused=True)``.
 
+TorchTitan's TP plan (``tensor_parallel`` in the record, ``tests/test_engines_parallel.py``): two gloo ranks
+(``torch.multiprocessing`` spawn), ``set_llama3_sharding_config`` + ``Module.parallelize`` with and without
+sequence parallelism, on one and two layers (their difference is one layer); rank 0's saved bytes and the
+collectives of a forward and a backward (:class:`memlib.measure.parallel_counters.CommCounter`). TorchTitan's default
+``spmd_backend`` is ``spmd_types``; this runs its DTensor backend ``partial_dtensor`` (the same sharding configs).
+
 The engines are not in requirements.txt (their dependencies would move the book's pins); install them beside it::
 
     python -m venv /tmp/enginesenv && /tmp/enginesenv/bin/pip install --no-deps megatron-core==0.16.1 \\

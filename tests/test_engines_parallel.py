@@ -1,7 +1,8 @@
 """Megatron-Core and TorchTitan as memlib models them under model parallelism (issue 33, Chapter 15).
 
-What each engine's forward saves is checked against the recorded CPU runs of the engines themselves
-(``tests/data/engines_on_cpu.json``, written by ``bench/engines_on_cpu.py``), and the layouts against the rules of
+What each engine's forward saves, and TorchTitan's TP plan on two gloo ranks (collectives per layer, saved bytes per
+rank), are checked against the recorded CPU runs of the engines themselves (``tests/data/engines_on_cpu.json``,
+written by ``bench/engines_on_cpu.py``), and the layouts against the rules of
 their sources (distributed optimizer over dp·cp, MoE parallel folding, zero-bubble and DualPipe schedules).
 """
 from __future__ import annotations
