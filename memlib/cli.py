@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimizer passed to deepspeed.initialize, stepped with --optimizer-impl)")
     t.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
                    help="whose memory layout: pytorch (default: torch.autocast AMP, ZeRO-1 as ZeroRedundancyOptimizer), "
-                        "deepspeed (ZeRO 0-3, offload), fsdp2 (ZeRO 2-3) or megatron (tp/pp, distributed optimizer)")
+                        "deepspeed (ZeRO 0-3, offload), fsdp2 (ZeRO 2-3) or megatron (tp/pp, distributed optimizer; "
+                        "zero 2-3: Megatron-FSDP)")
     t.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0, help="ZeRO stage")
     t.add_argument("--gpus", type=_positive_int, default=1, help="data-parallel GPUs")
     t.add_argument("--bucket-view", action="store_true",

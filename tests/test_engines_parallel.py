@@ -1,7 +1,8 @@
 """Megatron-Core and TorchTitan as memlib models them under model parallelism (issue 33, Chapter 15).
 
-What each engine's forward saves is checked against the recorded CPU runs of the engines themselves
-(``tests/data/engines_on_cpu.json``, written by ``bench/engines_on_cpu.py``), and the layouts against the rules of
+What each engine's forward saves, and TorchTitan's TP plan on two gloo ranks (collectives per layer, saved bytes per
+rank), are checked against the recorded CPU runs of the engines themselves (``tests/data/engines_on_cpu.json``,
+written by ``bench/engines_on_cpu.py``), and the layouts against the rules of
 their sources (distributed optimizer over dp·cp, MoE parallel folding, zero-bubble and DualPipe schedules).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from memlib.core.errors import MemlibError
 from memlib.core.estimate import estimate_training
 from memlib.core.frameworks.megatron import megatron_core_activation_terms
 from memlib.core.frameworks.torchtitan import torchtitan_activation_terms
-from memlib.core.parallel import bubble_fraction, bubble_ratio, check_layout, in_flight
+from memlib.core.parallel import bubble_fraction, bubble_ratio, check_layout, column_linears, in_flight, split_terms
 from memlib.core.schedules import schedule_weight_copies, zero_bubble_units
 
 FIXTURE = json.loads((Path(__file__).parent / "data" / "engines_on_cpu.json").read_text(encoding="utf-8"))
@@ -136,3 +137,40 @@ def test_distributed_optimizer_shards_over_dp_times_cp(tp: int, pp: int, cp: int
                           framework="megatron")
     per_rank = -(-n // (tp * pp))
     assert e.optimizer_bytes == pytest.approx(12 * per_rank / (dp * cp), rel=1e-6)
+
+
+TP = FIXTURE["tensor_parallel"]
+
+
+def _tp_run(sp: bool, layers: int) -> dict:
+    return next(r for r in TP["runs"] if (r["sequence_parallel"], r["layers"]) == (sp, layers))
+
+
+def _per_layer(sp: bool, key: str) -> dict:
+    one, two = _tp_run(sp, 1)[key], _tp_run(sp, 2)[key]
+    return {k: two.get(k, 0) - one.get(k, 0) for k in two if two.get(k, 0) - one.get(k, 0)}
+
+
+def test_torchtitan_tp_plan_gathers_twice_per_layer_like_megatron() -> None:
+    """TorchTitan's plan with SP, two gloo ranks: per layer 2 all-gathers + 2 reduce-scatters forward and as many
+    backward (Megatron's count, Korthikanti et al. §4.2.2: memlib's ``backward_collectives=2``), not the naive
+    DTensor plan's 5 column-parallel gathers (:func:`memlib.core.parallel.column_linears`)."""
+    assert TP["tp"] == 2 and TP["version"] == "0.3.0"
+    assert _per_layer(True, "forward_collectives") == {"all_gather": 2, "reduce_scatter": 2}
+    assert _per_layer(True, "step_collectives") == {"all_gather": 4, "reduce_scatter": 4}
+    assert _per_layer(False, "forward_collectives") == {"all_reduce": 2}
+    assert column_linears(load_config(FIXTURE["config"])) == 5
+
+
+@pytest.mark.parametrize("sp", [True, False])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_torchtitan_tp_saved_activations_per_rank(sp: bool, layers: int) -> None:
+    """memlib's TorchTitan terms split over tp = 2 (:func:`memlib.core.parallel.split_terms`) against rank 0's saved
+    bytes: within 3 % (the vocab-parallel loss's int64 local labels and two bool masks, 10·b·s, are not in the
+    terms), and one layer's bytes (2 layers less 1) to the byte."""
+    b, s = FIXTURE["batch_size"], FIXTURE["seq_len"]
+    cfg = load_config({**FIXTURE["config"], "num_hidden_layers": layers})
+    per_layer, first, last = split_terms(torchtitan_activation_terms(cfg, b, s, 2, device="cpu"), 2, sp)
+    measured = _tp_run(sp, layers)["saved_bytes"]
+    assert abs(layers * per_layer + first + last - measured) <= 0.03 * measured
+    assert per_layer == _tp_run(sp, 2)["saved_bytes"] - _tp_run(sp, 1)["saved_bytes"]

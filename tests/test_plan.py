@@ -289,13 +289,13 @@ def test_ladder_figure_and_widget_callback() -> None:
 
 @pytest.mark.parametrize("framework, rungs, absent", [
     ("pytorch", {"ZeRO-1", "switch to DeepSpeed"}, {"ZeRO-2", "ZeRO-3"}),
-    ("megatron", {"ZeRO-1", "switch to DeepSpeed"}, {"ZeRO-2", "ZeRO-3"}),
+    ("megatron", {"ZeRO-2", "ZeRO-3"}, {"ZeRO-1", "switch to DeepSpeed", "CPU offload"}),  # Megatron-FSDP
     ("deepspeed", {"ZeRO-2", "ZeRO-3", "CPU offload"}, {"ZeRO-1", "switch to DeepSpeed"}),
     ("fsdp2", {"ZeRO-3", "CPU offload"}, {"ZeRO-1", "ZeRO-2", "switch to DeepSpeed"}),
 ])
 def test_ladder_follows_the_framework(framework: str, rungs: set, absent: set) -> None:
-    """Only the rungs the framework supports are climbed; pytorch and megatron switch to DeepSpeed for ZeRO-3 and
-    offload; every rung's setting is a combination its framework has."""
+    """Only the rungs the framework supports are climbed; pytorch switches to DeepSpeed for ZeRO-3 and offload,
+    megatron climbs Megatron-FSDP's zero 2 and 3; every rung's setting is a combination its framework has."""
     from memlib.core.choices import FRAMEWORK_SUPPORT
 
     steps = plan("llama-2-7b", num_gpus=8, gpu_memory=10**6, reserve=0, fragmentation=0, batch_size=4,

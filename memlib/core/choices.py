@@ -45,7 +45,8 @@ OPTIMIZER_SOURCES = ("framework", "client")
 #: Training frameworks whose memory layout the estimator follows (Chapter 1; :mod:`memlib.core.frameworks`):
 #: ``pytorch`` (torch.autocast AMP, fp32 params and grads; ZeRO-1 is ``ZeroRedundancyOptimizer``), ``deepspeed``
 #: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with
-#: ``MixedPrecisionPolicy``), ``megatron`` (Megatron-LM: fp32 ``main_grad``, the distributed optimizer as ZeRO-1).
+#: ``MixedPrecisionPolicy``), ``megatron`` (Megatron-LM: fp32 ``main_grad``, the distributed optimizer as ZeRO-1,
+#: Megatron-FSDP's ``optim_grads`` and ``optim_grads_params`` as 2 and 3).
 FRAMEWORKS = ("pytorch", "deepspeed", "fsdp2", "megatron")
 #: The model-parallel degrees (``TrainingSetup.parallel_degrees`` names those set).
 PARALLEL_DEGREES = ("tp", "pp", "cp", "ep")
@@ -58,7 +59,7 @@ FRAMEWORK_SUPPORT: dict[str, tuple[tuple[int, ...], tuple[str, ...], tuple[str, 
     "pytorch": ((0, 1), ("none",), ()),
     "deepspeed": ((0, 1, 2, 3), OFFLOAD, ("ep",)),
     "fsdp2": ((2, 3), ("none", "params+optimizer"), ("tp", "pp", "cp")),  # TorchTitan's FSDP2 + TP + PP + CP
-    "megatron": ((0, 1), ("none",), PARALLEL_DEGREES),
+    "megatron": ((0, 1, 2, 3), ("none",), PARALLEL_DEGREES),  # zero 2/3: Megatron-FSDP optim_grads(_params)
 }
 #: The precisions a framework runs, where fewer than :data:`PRECISIONS`, and why: Megatron-LM has no pure bf16
 #: (``megatron/training/arguments.py``: ``--bf16`` keeps fp32 main params and, via ``grad_reduce_in_fp32``, an

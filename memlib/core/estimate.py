@@ -67,6 +67,7 @@ __all__ = [
     "backward_peak_bytes",
     "optimizer_step_bytes",
     "estimate_training",
+    "compose_training",
     "estimate_inference",
     "korthikanti_activation_bytes",
 ]
@@ -111,7 +112,8 @@ class SavedActivations:
     segment: int
 
 
-def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivations:
+def saved_activations(cfg: ModelConfig, setup: TrainingSetup,
+                      terms: list[ActivationTerm] | None = None) -> SavedActivations:
     """Bytes saved for backward, under the recomputation chosen (Korthikanti et al. 2022, ``korthikanti2022reducing``).
 
     Without recomputation: L × (one layer's terms) + the terms outside the layers (:func:`activation_terms`;
@@ -123,11 +125,15 @@ def saved_activations(cfg: ModelConfig, setup: TrainingSetup) -> SavedActivation
     gradients needed (the RMSNorms' outputs, the MLP product, the final RMSNorm), and every adapted Linear
     adds an fp32 copy of its input and lora_A's rank-r output.
 
+    ``terms``: another implementation's (an engine's own model, :mod:`memlib.core.engines`); default the
+    framework's :meth:`memlib.core.frameworks.base.Framework.activation_terms`.
+
     Raises:
         MemlibError: LoRA/QLoRA for a family whose LoRA terms memlib has not derived.
     """
     b, s, e = setup.batch_size, setup.seq_len, setup.act_bytes
-    terms = framework_for(setup).activation_terms(cfg, setup)  # as the framework's kernels save them
+    if terms is None:
+        terms = framework_for(setup).activation_terms(cfg, setup)  # as the framework's kernels save them
     terms = loss_terms(cfg, setup, terms) + fp8_terms(cfg, setup, terms)  # Chapter 17: the loss, FP8 Linears
     per_layer, outside = _sum_terms(terms)
     L, h, f, T, method = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, b * s, setup.method
@@ -341,11 +347,18 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
     cfg, n, small, layer_params = _model_size(model, params, setup)
     if cfg is None:  # params=N: the model states only
         return states_estimate(n, setup)
+    return compose_training(cfg, n, small, layer_params, setup, saved_activations(cfg, setup))
+
+
+def compose_training(cfg: ModelConfig, n: int, small: int, layer_params: int, setup: TrainingSetup,
+                     acts: SavedActivations) -> TrainingEstimate:
+    """The peak of one data-parallel step from its parts (:func:`estimate_training`'s composition, Chapter 1): the
+    framework's model states, the saved activations ``acts``, the backward pass's moments and the optimizer step.
+    :mod:`memlib.core.engines` calls it with an engine's own model's activations."""
     fw = framework_for(setup)  # the framework's object: its states, buffers, backward moments and step temporaries
     st = model_states(cfg, n, small, layer_params, setup)
     p_bytes, g_bytes, o_bytes, n_train = st.params_bytes, st.grads_bytes, st.optimizer_bytes, st.trainable_params
     settings = echo_settings(setup, cfg, n, n_train)
-    acts = saved_activations(cfg, setup)
     backward_extra = fw.backward_extra(cfg, setup, Saved(acts.bytes, acts.live_layer, acts.terms), g_bytes, n,
                                        layer_params, lambda grads: backward_peak_bytes(cfg, setup, acts, grads, n,
                                                                                        n_train, layer_params))

@@ -265,8 +265,9 @@ _TP_KEYS = ("q, k", "q after", "q_norm", "attention output", "log-sum-exp", "sof
 
 def term_split(name: str) -> str:
     """``"tp"`` if tensor parallelism divides the activation term ``name``, ``"sp"`` if only sequence
-    parallelism does, ``"none"`` for what stays whole (the sliding-window mask, the ids, rotary tables)."""
-    if "sliding-window" in name or "input ids" in name or "rotary cos" in name:
+    parallelism does, ``"none"`` for what stays whole (the sliding-window mask, the ids, rotary tables, and the
+    inputs a DTensor plan all-gathers before a column-parallel linear, which autograd saves gathered)."""
+    if "sliding-window" in name or "input ids" in name or "rotary cos" in name or "all-gathered" in name:
         return "none"
     if "residual stream" in name:
         return "sp"

@@ -173,9 +173,10 @@ def plan(model: str | Path | dict[str, Any] | ModelConfig, *, job: str = "train"
     ZeRO-3 → pure bf16 → switch to DeepSpeed → CPU offload (optimizer, then parameters) → LoRA/QLoRA,
     estimating per-GPU memory at each rung in the layout of ``framework`` with
     :func:`memlib.core.estimate.estimate_training`. Only the rungs the framework supports are climbed
-    (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`): ``pytorch`` and ``megatron`` get ZeRO-1
-    (``ZeroRedundancyOptimizer``, the distributed optimizer) and, having no ZeRO-3 or offload, a "switch to
-    DeepSpeed" rung (ZeRO-3 on several GPUs) after which DeepSpeed's offload rungs apply; ``deepspeed`` gets
+    (:data:`memlib.core.choices.FRAMEWORK_SUPPORT`): ``pytorch`` gets ZeRO-1
+    (``ZeroRedundancyOptimizer``) and, having no ZeRO-3 or offload, a "switch to DeepSpeed" rung (ZeRO-3 on
+    several GPUs) after which DeepSpeed's offload rungs apply; ``megatron`` gets Megatron-FSDP's zero 2 and 3
+    (``optim_grads``, ``optim_grads_params``) and no offload; ``deepspeed`` gets
     ZeRO-2, ZeRO-3 and both offloads; ``fsdp2`` starts at its zero 2 (``reshard_after_forward=False``) and
     gets ZeRO-3 and ``CPUOffloadPolicy``; the first rung that fits is pruned of rungs it does not
     need (the free ones, mixed precision and FlashAttention, are kept). Every full fine-tuning option comes
@@ -363,7 +364,7 @@ def _offload(mode: str) -> Change:
 
 
 def _switch(multi: bool) -> Change:
-    """Switch a framework without ZeRO-3 or offload (PyTorch, Megatron) to DeepSpeed (ZeRO-3 on several GPUs)."""
+    """Switch a framework without ZeRO-3 or offload (PyTorch) to DeepSpeed (ZeRO-3 on several GPUs)."""
     def apply(setup: TrainingSetup) -> TrainingSetup | None:
         stages, offloads, _ = FRAMEWORK_SUPPORT[setup.framework]
         if 3 in stages or offloads != ("none",):

@@ -16,6 +16,10 @@ gradient to fp32 (``optimizer.py``, ``_copy_model_grads_to_main_grads``: ``main_
 model_param.main_grad.float()``): 2 + 2 + 16 = 20 bytes/param, 4 + 16/d with the distributed optimizer
 (Megatron-LM docs, "Distributed Optimizer", its table), the fp32 gradient copies counted with the optimizer's
 states as that table does. Gradient accumulation (``grad_accum``) accumulates into ``main_grad``: no change.
+
+Megatron-FSDP (``--use-megatron-fsdp``, ``megatron/core/distributed/fsdp/``) is zero 2 and 3 here: the same buffers
+with the gradient buffer (``optim_grads``) and the weight buffer too (``optim_grads_params``) sharded over dp·cp,
+plus the gathered layers and the queued unsharded gradients (:func:`megatron_fsdp_working_set`).
 """
 from __future__ import annotations
 
@@ -27,7 +31,20 @@ from ..setup import TrainingSetup
 from ..terms import ActivationTerm
 from .base import Framework, Saved
 
-__all__ = ["Megatron", "MEGATRON", "megatron_core_activation_terms"]
+__all__ = ["Megatron", "MEGATRON", "megatron_core_activation_terms", "megatron_fsdp_working_set",
+           "MEGATRON_FSDP_STRATEGIES", "MFSDP_PREFETCH_ELEMENTS", "MFSDP_RS_QUEUE_ELEMENTS"]
+
+#: memlib's ZeRO stage → Megatron-FSDP's ``--data-parallel-sharding-strategy`` (``--use-megatron-fsdp``;
+#: ``megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py``,
+#: ``ParamAndGradBuffer._init_each_parameter_group_buffers``). Stage 1 is the distributed optimizer (Megatron-FSDP's
+#: ``optim`` shards the same fp32 main weights and Adam states: the same bytes).
+MEGATRON_FSDP_STRATEGIES = {0: "no_shard", 1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
+#: Megatron-FSDP's all-gather prefetch and reduce-scatter queue, in elements, by default
+#: (``megatron_fsdp.py``, ``MegatronFSDP.__init__``: ``suggested_communication_unit_size`` is floored at 10⁹
+#: elements, ``max(1_000_000_000, ...)``; ``suggested_AG_prefetch_size`` is half of it, ``suggested_RS_queue_capacity``
+#: all of it).
+MFSDP_PREFETCH_ELEMENTS = 500_000_000
+MFSDP_RS_QUEUE_ELEMENTS = 1_000_000_000
 
 
 def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: int, act_bytes: int = 2,
@@ -91,6 +108,28 @@ def megatron_core_activation_terms(cfg: ModelConfig, batch_size: int, seq_len: i
         *mlp] + outside
 
 
+def megatron_fsdp_working_set(unit_params: int, n: int, zero_stage: int, w_bytes: float,
+                              g_bytes: float) -> tuple[int, int]:
+    """Megatron-FSDP's unsharded weights and gradients at the backward pass's peak, bytes. Chapter 15.
+
+    Megatron-Core 0.16.1, ``megatron/core/distributed/fsdp/src/megatron_fsdp/``. ``optim_grads_params`` (zero 3):
+    each ``TransformerLayer`` is a unit (``mcore_fsdp_adapter.py``: ``fsdp_unit_modules = [TransformerLayer]``)
+    whose bf16 weights are all-gathered into a temporary bucket; ``AllGatherPipeline.all_gather_params``
+    prefetches further buckets until at least ``suggested_AG_prefetch_size`` (5·10⁸) elements are on their way:
+    U·(1 + ⌈5·10⁸/U⌉) elements gathered at once. Both sharded strategies (zero 2 and 3) produce each unit's
+    gradient unsharded (``main_grad_alloc``) and queue it for reduce-scatter; ``GradReducePipeline.
+    wait_for_previous_grad_reduce`` frees queued buckets only once the queue passes ``suggested_RS_queue_capacity``
+    (10⁹ elements): U·(1 + ⌊10⁹/U⌋) elements of gradient in flight. Each is capped at the rank's ``n``
+    parameters. With ``optim_grads`` the buckets follow ``--ddp-bucket-size``; memlib takes one layer.
+    """
+    if zero_stage < 2 or n <= 0:
+        return 0, 0
+    unit = max(1, unit_params)
+    grads = int(g_bytes * min(n, unit * (1 + MFSDP_RS_QUEUE_ELEMENTS // unit)))
+    weights = int(w_bytes * min(n, unit * (1 + -(-MFSDP_PREFETCH_ELEMENTS // unit)))) if zero_stage == 3 else 0
+    return weights, grads
+
+
 class Megatron(Framework):
     """Megatron-LM: 2 + 4 + 12 bytes per parameter under mixed precision."""
 
@@ -125,8 +164,27 @@ class Megatron(Framework):
 
     def backward_extra(self, cfg: ModelConfig, setup: TrainingSetup, saved: Saved, g_bytes: int, n: int,
                        layer_params: int, generic_peak: Callable[[int], int]) -> int:
-        """``main_grad`` is one buffer, allocated with the model: all of it is live all along (none accumulates)."""
+        """``main_grad`` is one buffer, allocated with the model: all of it is live all along (none accumulates).
+        Under Megatron-FSDP (zero 2, 3) that buffer is the shard, and the unsharded gradients queued for
+        reduce-scatter (:meth:`working_set`, inside ``g_bytes``) are counted through the backward pass too."""
         return g_bytes + generic_peak(0)
+
+    # --- Megatron-FSDP (``--use-megatron-fsdp``): zero 2 = optim_grads, zero 3 = optim_grads_params ------------
+    def working_set(self, cfg: ModelConfig | None, layer_params: int, p_sharded: int, n: int, n_train: int,
+                    setup: TrainingSetup) -> tuple[int, int]:
+        """Megatron-FSDP's gathered weights and queued unsharded gradients (:func:`megatron_fsdp_working_set`);
+        the sharded states themselves are the distributed optimizer's 2 + 4 + 12 bytes with the gradient (zero 2)
+        and the weight (zero 3) buffers sharded too (``is_grad_buffer_distributed``,
+        ``is_model_weight_buffer_distributed``): 2 + 16/N and 18/N bytes per parameter."""
+        if cfg is None or setup.method != "full":
+            return 0, 0
+        w, g, _, _ = self.layout(setup.precision)
+        return megatron_fsdp_working_set(layer_params, n, setup.zero_stage, w, g)
+
+    def working_set_at_step(self, setup: TrainingSetup) -> bool:
+        """Megatron-FSDP waits for every reduce-scatter and releases the gathered weights before the optimizer
+        step (``MegatronFSDP.finish_grad_sync``): nothing of the working set is live at the step."""
+        return setup.zero_stage < 2
 
 
 #: The Megatron framework object.
