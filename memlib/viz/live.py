@@ -51,7 +51,7 @@ LIVE_MODULES: tuple[str, ...] = (
     "core/checkpointing", "core/choices", "core/cluster", "core/configs", "core/dtypes", "core/errors", "core/estimate",
     "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/fp8", "core/frameworks/__init__",
     "core/frameworks/base", "core/frameworks/deepspeed", "core/frameworks/fsdp2", "core/frameworks/megatron",
-    "core/frameworks/pytorch", "core/frameworks/torchtitan", "core/hardware",
+    "core/frameworks/pytorch", "core/frameworks/torchtitan", "core/frameworks/zero3_fetch", "core/hardware",
     "core/hub", "core/inference", "core/lora", "core/losses", "core/offload", "core/parallel",
     "core/params", "core/plan", "core/rl", "core/schedules", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
     "core/terms", "core/vllm_engine", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",

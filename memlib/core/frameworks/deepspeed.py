@@ -22,6 +22,7 @@ from typing import ClassVar
 from ..configs import ModelConfig
 from ..setup import TrainingSetup
 from .base import Framework, Saved
+from .zero3_fetch import PERSISTENCE_THRESHOLD, gathered_peak, largest_module
 
 __all__ = ["DeepSpeed", "DEEPSPEED", "DS_REDUCE_BUCKET", "DS_SUB_GROUP_SIZE"]
 
@@ -38,28 +39,36 @@ class DeepSpeed(Framework):
     mixed_layout: ClassVar[tuple[float, float, float, float]] = (2.0, 2.0, 4.0, 4.0)
     sharded_optimizer: ClassVar[str] = "DeepSpeed ZeRO-1"
 
+    #: ``stage3_param_persistence_threshold`` (elements): parameters below it stay whole on every rank.
+    param_persistence_threshold: ClassVar[int] = PERSISTENCE_THRESHOLD
+
     def working_set(self, cfg: ModelConfig | None, layer_params: int, p_sharded: int, n: int, n_train: int,
                     setup: TrainingSetup) -> tuple[int, int]:
-        """ZeRO-3's gathered layers (``deepspeed/runtime/zero/partitioned_param_coordinator.py``).
+        """ZeRO-3's gathered parameters and gradients (``deepspeed/runtime/zero/partitioned_param_coordinator.py``).
 
-        U is the largest unit (a decoder layer or the V·h embedding): the module being computed and the
-        prefetched next, gathered in the base weight dtype w: 2·w·U; one module's 16-bit gradients g·U until
-        reduce-scattered (full fine-tuning only: LoRA's frozen base has none). (0, 0) below stage 3.
-        A lower bound of what DeepSpeed holds: it gathers per submodule, prefetches up to
-        ``prefetch_bucket_size`` (5·10⁷ elements), caps the gathered total at ``max_live_parameters`` (10⁹) and
-        keeps what is reused within ``max_reuse_distance`` (10⁹ elements), so near the forward→backward turn
-        several layers stay gathered; parameters under ``stage3_param_persistence_threshold`` (10⁵ elements) stay
-        gathered on every rank. (DeepSpeed's own ``estimate_zero3_model_states_mem_needs`` takes the largest
-        single module, ``parameters(recurse=False)``, not a decoder layer.) Nothing is gathered at the step:
-        ``stage3.py``'s ``step()`` calls ``_partition_all_parameters()`` first (:meth:`working_set_at_step`).
+        Weights: the most elements gathered at once over a traced forward and backward pass, as the coordinator
+        fetches, prefetches and releases them (:func:`~memlib.core.frameworks.zero3_fetch.gathered_peak`: per
+        submodule, prefetching up to ``prefetch_bucket_size`` = 5·10⁷ elements, capped at
+        ``max_live_parameters`` = 10⁹, keeping what is reused within ``max_reuse_distance`` = 10⁹ elements, a
+        prefetched parameter held twice until its coalesced gather's flat buffer is consumed, parameters under
+        ``stage3_param_persistence_threshold`` = 10⁵ elements whole), in the base weight dtype w: for Llama-2-7B
+        about 1.16·10⁹ elements, several layers. Measured on CPU (a tiny Llama, two ranks): the forward's
+        prefetch gathers the whole model in one call and holds it twice, 2·w·Ψ. Gradients: one module's 16-bit
+        gradients, g times the largest module's own parameters, until copied into the reduce bucket (full
+        fine-tuning only: LoRA's frozen base has none). (0, 0) below stage 3. DeepSpeed's own
+        ``estimate_zero3_model_states_mem_needs`` takes the largest single module (``model_to_params``:
+        ``parameters(recurse=False)``), not a decoder layer, and leaves the prefetch out. Nothing is gathered at
+        the step: ``stage3.py``'s ``step()`` calls ``_partition_all_parameters()`` first
+        (:meth:`working_set_at_step`).
         """
         if cfg is None or setup.zero_stage != 3:
             return 0, 0
         full = setup.method == "full"
-        biggest = max(layer_params, cfg.vocab_size * cfg.hidden_size)
+        gathered = gathered_peak(cfg, layer_params, setup.recompute == "full",
+                                 persistence_threshold=self.param_persistence_threshold)
         base_per_param = (p_sharded * setup.num_gpus - 4 * (0 if full else n_train)) / n
         g = self.state_bytes(setup.precision, setup.optimizer)[1]
-        return int(2 * base_per_param * biggest), int(g * biggest) if full else 0
+        return int(base_per_param * gathered), int(g * largest_module(cfg, layer_params)) if full else 0
 
     def working_set_at_step(self, setup: TrainingSetup) -> bool:
         """ZeRO-3 releases every gathered parameter before stepping (``stage3.py``, ``step``:
@@ -107,7 +116,15 @@ class DeepSpeed(Framework):
             g = self.state_bytes(setup.precision, setup.optimizer)[1]
             n_red = n if setup.method == "full" else 0
             flat = int(g * min(DS_REDUCE_BUCKET, n_red))
-            extra = max(extra, self.comm_buffers(setup)[0] + flat)  # at the epilogue: activations freed
+            # ZeRO-2 with accumulation: after the first micro-batch the rank's gradients are views of the last
+            # micro-batch's partition buffer; copy_grads_in_partition allocates a new one in full at the first
+            # reduction (_release_ipg_buffers set self.grads_in_partition = None; torch.empty(total_size)) and the
+            # old one dies only when its last gradient has moved (grad_reduc.data = new_grad_tensor.data): two
+            # partitions from the first bucket reduced to the epilogue (measured on CPU: +g·Ψ/N)
+            second = int(g * -(-n_red // setup.shards)) if setup.zero_stage == 2 and setup.grad_accum > 1 else 0
+            if n_red > DS_REDUCE_BUCKET:  # reductions inside the backward pass: the copy is there at its peak
+                extra += second
+            extra = max(extra, self.comm_buffers(setup)[0] + flat + second)  # at the epilogue: activations freed
         if setup.zero_stage == 3:  # the gathered layers, live in the backward pass but not at the step
             p, g, o, n_train = self.model_state_bytes(cfg, n, 0, setup)
             extra += sum(self.working_set(cfg, layer_params, self.shard(p, g, o, setup)[0], n, n_train, setup))
