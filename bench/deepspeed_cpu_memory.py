@@ -9,7 +9,8 @@ A ``TorchDispatchMode`` entered before the model is built registers every op's o
 ``weakref.finalize`` on it removes the bytes when it dies: the live bytes of rank 0 and their peak over the second
 optimizer step (the steady state: ZeRO creates Adam's m and v at the first step). The tiny Llama is bf16-mixed,
 ``{"type": "Adam"}`` (DeepSpeed's FusedAdam), ``stage3_param_persistence_threshold`` 0 so that ZeRO-3 partitions
-every parameter. Allocations inside c10d kernels (gloo's buffers) are not seen.
+every parameter. Allocations inside c10d kernels (gloo's buffers) are not seen. ``--grad-accum-dtype fp32`` sets
+``data_types.grad_accum_dtype``: at stage 1 DeepSpeed then runs ``BF16_Optimizer``, which has no reduce bucket.
 """
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stage", type=int, default=2)
     ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--grad-accum-dtype", default=None, choices=["fp32"],
+                    help="data_types.grad_accum_dtype (fp32 with --stage 1: BF16_Optimizer)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import deepspeed
@@ -72,6 +75,8 @@ def main() -> None:
     ds_config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": args.grad_accum,
                  "bf16": {"enabled": True}, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
                  "zero_optimization": {"stage": args.stage, "stage3_param_persistence_threshold": 0}}
+    if args.grad_accum_dtype:
+        ds_config["data_types"] = {"grad_accum_dtype": args.grad_accum_dtype}
     tracker = Live()
     with tracker:
         model = LlamaForCausalLM(LlamaConfig(**CONFIG, attn_implementation="sdpa"))
@@ -89,13 +94,17 @@ def main() -> None:
                 del loss
             peaks.append(tracker.peak)
     n_params = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+    bf16_optimizer = type(engine.optimizer).__name__ == "BF16_Optimizer"  # no ZeRO reduce bucket
     result = {"deepspeed": deepspeed.__version__, "torch": torch.__version__, "stage": args.stage,
               "grad_accum": args.grad_accum, "world_size": world, "params": n_params, "seq_len": SEQ,
               "config": CONFIG, "peak_step1_bytes": peaks[0], "peak_bytes": peaks[1],
-              "reduce_bucket_bytes": 2 * 500_000_000 if args.stage >= 1 else 0,
+              "reduce_bucket_bytes": 2 * 500_000_000 if args.stage >= 1 and not bf16_optimizer else 0,
               "optimizer": type(engine.optimizer).__name__,
               "command": f"DS_ACCELERATOR=cpu torchrun --nproc_per_node {world} bench/deepspeed_cpu_memory.py "
-                         f"--stage {args.stage} --grad-accum {args.grad_accum}"}
+                         f"--stage {args.stage} --grad-accum {args.grad_accum}"
+                         + (f" --grad-accum-dtype {args.grad_accum_dtype}" if args.grad_accum_dtype else "")}
+    if args.grad_accum_dtype:
+        result["grad_accum_dtype"] = args.grad_accum_dtype
     if torch.distributed.get_rank() == 0:
         text = json.dumps(result, indent=1)
         if args.out:

@@ -20,7 +20,10 @@ from memlib.core.frameworks.deepspeed import DEEPSPEED
 from memlib.core.frameworks.zero3_fetch import gathered_peak
 
 FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed_cpu.json"
-RECORDS = json.loads(FIXTURE.read_text(encoding="utf-8"))
+ALL = json.loads(FIXTURE.read_text(encoding="utf-8"))
+#: The default data types (``grad_accum_dtype`` the model's); BF16 holds the ``grad_accum_dtype`` fp32 records.
+RECORDS = [r for r in ALL if "grad_accum_dtype" not in r]
+BF16 = [r for r in ALL if r.get("grad_accum_dtype") == "fp32"]
 
 
 def _config(rec: dict) -> dict:
@@ -31,7 +34,8 @@ def _config(rec: dict) -> dict:
 def _estimate(rec: dict) -> int:
     e = estimate_training(_config(rec), batch_size=1, seq_len=rec["seq_len"], precision="bf16-mixed",
                           framework="deepspeed", zero_stage=rec["stage"], num_gpus=rec["world_size"],
-                          grad_accum=rec["grad_accum"], optimizer_impl="fused")
+                          grad_accum=rec["grad_accum"], optimizer_impl="fused",
+                          grad_accum_dtype=rec.get("grad_accum_dtype", "model"))
     return e.total_bytes
 
 
@@ -98,3 +102,19 @@ def test_zero3_forward_holds_the_prefetched_model_twice() -> None:
     layer = (rec["params"] - 2 * cfg.vocab_size * cfg.hidden_size - cfg.hidden_size) // cfg.num_layers
     assert gathered_peak(cfg, layer, persistence_threshold=0) == 2 * rec["params"]
     assert gathered_peak(cfg, layer) == rec["params"]  # DeepSpeed's default threshold: every tensor stays whole
+
+
+@pytest.mark.parametrize("rec", BF16, ids=lambda r: f"k{r['grad_accum']}")
+def test_bf16_optimizer_within_3_percent(rec: dict) -> None:
+    """``grad_accum_dtype`` fp32 at stage 1 runs BF16_Optimizer: 2 + 2 + 4 + 12/N bytes/param and the engine's
+    allreduce flatten at the backward epilogue, no reduce bucket; the same with one and two micro-batches."""
+    assert rec["optimizer"] == "BF16_Optimizer" and rec["reduce_bucket_bytes"] == 0 and rec["stage"] == 1
+    est, measured = _estimate(rec), rec["peak_bytes"]
+    assert abs(est - measured) <= 0.03 * measured
+    psi, n = rec["params"], rec["world_size"]
+    assert measured >= (2 + 2 + 4 + 2) * psi + 12 * psi // n  # the fp32 buffer is the whole model's
+
+
+def test_bf16_optimizer_fixture_has_one_and_two_micro_batches() -> None:
+    assert sorted(r["grad_accum"] for r in BF16) == [1, 2]
+    assert all("--grad-accum-dtype fp32" in r["command"] for r in BF16)

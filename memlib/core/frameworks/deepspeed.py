@@ -85,18 +85,37 @@ class DeepSpeed(Framework):
         p, g, o, n_train = super().model_state_bytes(cfg, n, small, setup)
         if setup.method == "full" and setup.zero_stage >= 1 and setup.precision in ("fp32", "bf16"):
             o += int(self.layout(setup.precision)[0] * n)
+        if self.bf16_optimizer(setup):  # the unsharded fp32 gradient buffer beside the 16-bit gradients
+            g += 4 * n
         return p, g, o, n_train
+
+    def bf16_optimizer(self, setup: TrainingSetup) -> bool:
+        """Whether DeepSpeed runs ``BF16_Optimizer``: ``grad_accum_dtype`` fp32 with ZeRO-1 in bf16 and no offload
+        (``engine.py``, ``_do_optimizer_sanity_check``: ``model_dtype == torch.bfloat16 and grad_accum_dtype ==
+        torch.float32 and self.zero_optimization_stage() == 1 and not self.zero_cpu_offload()`` → ``BFLOAT16``).
+        ``bf16_optimizer.py``, ``_setup_for_real_optimizer``: the 16-bit weights flattened (2Ψ), the fp32 master
+        partition (``bf16_dp_partitions[partition_id].clone().float()``, 4Ψ/N), Adam's m and v (8Ψ/N) and an fp32
+        gradient buffer the size of the whole model from initialisation (``torch.zeros_like(self.bf16_groups_flat[i],
+        dtype=self.grad_acc_dtype)``, 4Ψ); the 16-bit gradients (2Ψ) are added into it in the backward epilogue
+        (``update_hp_grads``) and stay until the next backward's ``clear_lp_grads``: 2 + 2 + 4 + 12/N bytes/param,
+        no ZeRO reduce bucket. Measured on CPU (two ranks, a tiny Llama): exactly that plus the engine's
+        ``allreduce_bucket`` flatten (``engine.py``, ``allreduce_no_retain``: a 16-bit copy of up to
+        ``reduce_bucket_size`` elements) at the backward epilogue."""
+        return setup.grad_accum_dtype == "fp32" and setup.framework == "deepspeed"
 
     def shard_stage(self, setup: TrainingSetup) -> int:
         """ZeRO-1 with one micro-batch per step shards the gradients as ZeRO-2 does (the rank's partition is what
         stays); with ``grad_accum`` > 1 it keeps all of them between micro-batches, the ZeRO paper's P_os
         (2Ψ + 2Ψ + KΨ/N, its Table 1: :meth:`keeps_all_gradients`)."""
+        if self.bf16_optimizer(setup):
+            return 1  # BF16_Optimizer partitions only the master and the states
         return 2 if setup.zero_stage == 1 and not self.keeps_all_gradients(setup) else setup.zero_stage
 
     def keeps_all_gradients(self, setup: TrainingSetup) -> bool:
         """Whether all 16-bit gradients stay between micro-batches: ZeRO-1 with ``grad_accum`` > 1 (``stage_1_and_2.py``, ``reduce_ready_partitions_and_remove_grads`` reduces before the boundary only
         when ``self.partition_gradients``; ZeRO-2 reduces every micro-batch into its partition)."""
-        return setup.zero_stage == 1 and setup.grad_accum > 1 and setup.method == "full"
+        return (setup.zero_stage == 1 and setup.grad_accum > 1 and setup.method == "full"
+                and not self.bf16_optimizer(setup))
 
     def backward_extra(self, cfg: ModelConfig, setup: TrainingSetup, saved: Saved, g_bytes: int, n: int,
                        layer_params: int, generic_peak: Callable[[int], int]) -> int:
@@ -107,6 +126,10 @@ class DeepSpeed(Framework):
         ZeRO-3's gathered layers (:meth:`working_set`), which the estimate leaves out of the step."""
         if self.keeps_all_gradients(setup):
             return generic_peak(0) + g_bytes + self.comm_buffers(setup)[0]
+        if self.bf16_optimizer(setup):  # the fp32 buffer from the start; the 16-bit gradients build up
+            fp32_buffer, g16 = 4 * n, g_bytes - 4 * n
+            flat = 2 * min(DS_REDUCE_BUCKET, n)  # the engine's allreduce flatten, at the epilogue
+            return max(generic_peak(g16) + fp32_buffer, g_bytes + flat)
         extra = super().backward_extra(cfg, setup, saved, g_bytes, n, layer_params, generic_peak)
         if setup.zero_stage in (1, 2) and setup.offload == "none":
             # reducing a bucket flattens its gradients (average_tensor -> allreduce_and_scatter ->
@@ -172,7 +195,7 @@ class DeepSpeed(Framework):
         the flat 16-bit groups with ``all_gather_into_tensor``. With offload the bucket is the gradients'
         staging area, already counted by :meth:`offload`; stage 0 has none.
         """
-        if setup.zero_stage == 0 or setup.offload != "none":
+        if setup.zero_stage == 0 or setup.offload != "none" or self.bf16_optimizer(setup):
             return 0, 0
         bucket = int(self.state_bytes(setup.precision, setup.optimizer)[1] * DS_REDUCE_BUCKET)
         return bucket, bucket if setup.zero_stage == 3 else 0
@@ -199,6 +222,8 @@ class DeepSpeed(Framework):
         mixed = setup.precision.endswith("-mixed")
         if setup.zero_stage == 0:
             return 8 * n_step if mixed else 0  # FP16_Optimizer; else no ZeRO wrapper: the client's optimizer
+        if self.bf16_optimizer(setup):
+            return 0  # the fp32 partition's gradients are views of the fp32 buffer (fp32_groups_gradient_flat_partition)
         part = -(-n_step // setup.shards)
         flat = 4 if setup.precision == "fp32" or setup.method != "full" else 2  # torch.cat's flat copy
         per = flat + (4 if mixed and setup.method == "full" else 0)  # + its fp32 conversion
