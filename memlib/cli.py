@@ -9,7 +9,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .core.choices import (ATTENTION, FRAMEWORKS, GRAD_ACCUM_DTYPES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS,
+from .core.choices import (ATTENTION, FRAMEWORKS, GRAD_ACCUM_DTYPES,
+                           KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS,
                            OPTIMIZERS, PRECISIONS, FP8_RECIPES, LOSSES, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GiB

@@ -321,8 +321,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
 
     Limitations:
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
-        ZeRO-3 adds two gathered layers of weights and one of gradients (the largest of a decoder layer and
-        the embedding); DeepSpeed's reduce bucket is counted at its default size, PyTorch DDP's buckets in full
+        DeepSpeed ZeRO-3 adds the most weights its coordinator holds gathered over a pass (prefetch, reuse
+        distance and live-parameter cap at their defaults, :mod:`memlib.core.frameworks.zero3_fetch`) and one
+        module's gradients to the backward pass, whatever the moment; DeepSpeed's reduce bucket is counted at its default size, PyTorch DDP's buckets in full
         (they cover every gradient); FSDP2's and Megatron's are not. LoRA activations are taken
         full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
         side of offload omits DeepSpeed's pinned buffers. Under model parallelism (``tp``, ``pp``, ...) the

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .choices import (ATTENTION, FP8_RECIPES, GRAD_ACCUM_DTYPES, LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
+from .choices import (ATTENTION, FP8_RECIPES, GRAD_ACCUM_DTYPES,
+                      LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
                       RECOMPUTE, SCHEDULES, ZERO_STAGES, check_framework)
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive

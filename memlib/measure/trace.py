@@ -26,8 +26,8 @@ from .deps import require_torch
 from .hf_config import _CLASSES, _decoder_layers, build_model, load_any_config  # re-exported: build_model
 from . import tracker as _tracker
 from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
-from .recipes import (_ddp_group, _ddp_wrap, _deepspeed_setup, _deepspeed_step, _fp16_optimizer_step, _fsdp2_group,
-                      _fsdp2_shard, _fsdp2_storage_hooks, _grad_scaler, _init_fused_state, _make_optimizer, _megatron_setup,
+from .recipes import (_ddp_group, _ddp_wrap, _deepspeed_setup, _deepspeed_step, _fp16_optimizer_step,
+                      _fsdp2_group, _fsdp2_shard, _fsdp2_storage_hooks, _grad_scaler, _init_fused_state, _make_optimizer, _megatron_setup,
                       _megatron_step)
 from .tracker import MemoryTracker, _cached_meta_mode
 

@@ -11,8 +11,16 @@ reduce bucket (:meth:`DeepSpeed.comm_buffers`). Where the code departs from the 
   ``grad_accum`` > 1 it keeps all 16-bit gradients between micro-batches (:meth:`DeepSpeed.backward_extra`).
 - ``DeepSpeedZeroOptimizer`` always clones its partition into a master copy, also in fp32 and pure bf16
   (:meth:`DeepSpeed.model_state_bytes`); stage 0 in mixed precision is ``FP16_Optimizer``.
+- ZeRO-2 with ``grad_accum`` > 1 holds two gradient partitions from the first bucket reduced to the backward
+  epilogue (``copy_grads_in_partition``, :meth:`DeepSpeed.backward_extra`).
+- ZeRO-3's gathered working set is the coordinator's (``partitioned_param_coordinator.py``), replayed by
+  :mod:`memlib.core.frameworks.zero3_fetch` (:meth:`DeepSpeed.working_set`).
+- ``grad_accum_dtype`` fp32 at ZeRO-1 in bf16 is ``BF16_Optimizer`` (:meth:`DeepSpeed.bf16_optimizer`).
 - The model is the steady state: ZeRO optimizers create Adam's m and v at the first step, so the first step's
   peak differs.
+
+Checked against DeepSpeed 0.19.8's engine measured on CPU (two gloo ranks, a tiny Llama; stages 0-3 with one and
+two micro-batches, and ``BF16_Optimizer``): ``tests/test_deepspeed_measured.py``.
 """
 from __future__ import annotations
 
@@ -123,7 +131,8 @@ class DeepSpeed(Framework):
         16-bit gradients (g·Ψ, ``g_bytes`` unsharded) and the reduce bucket (allocated at the first gradient hook, ``setup_buckets``,
         released in the backward epilogue, ``_release_ipg_buffers``); new gradients add into them in place. The
         other stages: :meth:`Framework.backward_extra` (the rank's partition accumulating, the bucket on top), with
-        ZeRO-3's gathered layers (:meth:`working_set`), which the estimate leaves out of the step."""
+        ZeRO-3's gathered working set (:meth:`working_set`), which the estimate leaves out of the step. ZeRO-2 with
+        ``grad_accum`` > 1: the previous micro-batch's gradient partition beside the new one (below)."""
         if self.keeps_all_gradients(setup):
             return generic_peak(0) + g_bytes + self.comm_buffers(setup)[0]
         if self.bf16_optimizer(setup):  # the fp32 buffer from the start; the 16-bit gradients build up
@@ -148,7 +157,7 @@ class DeepSpeed(Framework):
             if n_red > DS_REDUCE_BUCKET:  # reductions inside the backward pass: the copy is there at its peak
                 extra += second
             extra = max(extra, self.comm_buffers(setup)[0] + flat + second)  # at the epilogue: activations freed
-        if setup.zero_stage == 3:  # the gathered layers, live in the backward pass but not at the step
+        if setup.zero_stage == 3:  # the gathered working set, live in the backward pass but not at the step
             p, g, o, n_train = self.model_state_bytes(cfg, n, 0, setup)
             extra += sum(self.working_set(cfg, layer_params, self.shard(p, g, o, setup)[0], n, n_train, setup))
         return extra
@@ -223,7 +232,7 @@ class DeepSpeed(Framework):
         if setup.zero_stage == 0:
             return 8 * n_step if mixed else 0  # FP16_Optimizer; else no ZeRO wrapper: the client's optimizer
         if self.bf16_optimizer(setup):
-            return 0  # the fp32 partition's gradients are views of the fp32 buffer (fp32_groups_gradient_flat_partition)
+            return 0  # the fp32 partition's gradients are views of the fp32 buffer
         part = -(-n_step // setup.shards)
         flat = 4 if setup.precision == "fp32" or setup.method != "full" else 2  # torch.cat's flat copy
         per = flat + (4 if mixed and setup.method == "full" else 0)  # + its fp32 conversion
