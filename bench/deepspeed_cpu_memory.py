@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import weakref
 
 import torch
@@ -28,13 +29,28 @@ CONFIG = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden
 SEQ = 16
 
 
+def _in_gather() -> bool:
+    """Whether the op runs inside ``partition_parameters.py`` (ZeRO-3's all-gather: the coalesced call's flat buffer
+    and the per-parameter copies its ``wait`` makes)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename.endswith("partition_parameters.py"):
+            return True
+        f = f.f_back
+    return False
+
+
 class Live(TorchDispatchMode):
-    """Live CPU tensor bytes, one count per storage, and their peak."""
+    """Live CPU tensor bytes, one count per storage, and their peak; with ``gather`` on, the same for the storages
+    ZeRO-3's all-gather allocates (``gathered``, ``gathered_peak``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.live: dict[int, int] = {}
         self.total = self.peak = 0
+        self.gather = False
+        self.gathered_keys: set[int] = set()
+        self.gathered = self.gathered_peak = 0
 
     def add(self, t: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
@@ -46,9 +62,16 @@ class Live(TorchDispatchMode):
         self.live[key] = st.nbytes()
         self.total += st.nbytes()
         self.peak = max(self.peak, self.total)
+        if self.gather and _in_gather():
+            self.gathered_keys.add(key)
+            self.gathered += st.nbytes()
+            self.gathered_peak = max(self.gathered_peak, self.gathered)
         weakref.finalize(st, self.remove, key)
 
     def remove(self, key: int) -> None:
+        if key in self.gathered_keys:
+            self.gathered_keys.discard(key)
+            self.gathered -= self.live.get(key, 0)
         self.total -= self.live.pop(key, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -64,6 +87,9 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--grad-accum-dtype", default=None, choices=["fp32"],
                     help="data_types.grad_accum_dtype (fp32 with --stage 1: BF16_Optimizer)")
+    ap.add_argument("--prefetch-bucket", type=int, default=None, help="stage3_prefetch_bucket_size (elements)")
+    ap.add_argument("--max-live", type=int, default=None, help="stage3_max_live_parameters (elements)")
+    ap.add_argument("--max-reuse", type=int, default=None, help="stage3_max_reuse_distance (elements)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import deepspeed
@@ -77,6 +103,10 @@ def main() -> None:
                  "zero_optimization": {"stage": args.stage, "stage3_param_persistence_threshold": 0}}
     if args.grad_accum_dtype:
         ds_config["data_types"] = {"grad_accum_dtype": args.grad_accum_dtype}
+    knobs = {k: v for k, v in (("stage3_prefetch_bucket_size", args.prefetch_bucket),
+                                ("stage3_max_live_parameters", args.max_live),
+                                ("stage3_max_reuse_distance", args.max_reuse)) if v is not None}
+    ds_config["zero_optimization"].update(knobs)
     tracker = Live()
     with tracker:
         model = LlamaForCausalLM(LlamaConfig(**CONFIG, attn_implementation="sdpa"))
@@ -87,6 +117,7 @@ def main() -> None:
         peaks = []
         for _step in range(2):
             tracker.peak = tracker.total
+            tracker.gather, tracker.gathered_peak = _step == 1, tracker.gathered
             for _micro in range(args.grad_accum):
                 loss = engine(input_ids=ids, labels=ids).loss
                 engine.backward(loss)
@@ -105,6 +136,13 @@ def main() -> None:
                          + (f" --grad-accum-dtype {args.grad_accum_dtype}" if args.grad_accum_dtype else "")}
     if args.grad_accum_dtype:
         result["grad_accum_dtype"] = args.grad_accum_dtype
+    if args.stage == 3:  # the all-gather's storages at their most over the measured step
+        result["gathered_peak_bytes"] = tracker.gathered_peak
+        result.update(knobs)
+        if knobs:
+            result["command"] += "".join(f" --{flag} {v}" for flag, v in (
+                ("prefetch-bucket", args.prefetch_bucket), ("max-live", args.max_live),
+                ("max-reuse", args.max_reuse)) if v is not None)
     if torch.distributed.get_rank() == 0:
         text = json.dumps(result, indent=1)
         if args.out:

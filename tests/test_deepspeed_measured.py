@@ -17,13 +17,16 @@ import pytest
 from memlib.core.configs import load_config
 from memlib.core.estimate import estimate_training
 from memlib.core.frameworks.deepspeed import DEEPSPEED
-from memlib.core.frameworks.zero3_fetch import gathered_peak
+from memlib.core.frameworks.zero3_fetch import MAX_LIVE_PARAMETERS, MAX_REUSE_DISTANCE, PREFETCH_BUCKET, gathered_peak
 
 FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed_cpu.json"
 ALL = json.loads(FIXTURE.read_text(encoding="utf-8"))
 #: The default data types (``grad_accum_dtype`` the model's); BF16 holds the ``grad_accum_dtype`` fp32 records.
-RECORDS = [r for r in ALL if "grad_accum_dtype" not in r]
+KNOBS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance")
+RECORDS = [r for r in ALL if "grad_accum_dtype" not in r and not any(k in r for k in KNOBS)]
 BF16 = [r for r in ALL if r.get("grad_accum_dtype") == "fp32"]
+#: ZeRO-3 with the coordinator's knobs set (``--prefetch-bucket``, ``--max-live``, ``--max-reuse``).
+TUNED = [r for r in ALL if any(k in r for k in KNOBS)]
 
 
 def _config(rec: dict) -> dict:
@@ -96,12 +99,38 @@ def test_zero2_accumulation_holds_a_second_partition() -> None:
     assert _estimate(two) - _estimate(one) == part
 
 
-def test_zero3_forward_holds_the_prefetched_model_twice() -> None:
-    rec = _by(3, 1)
+def _layer(rec: dict) -> tuple:
     cfg = load_config(_config(rec))
-    layer = (rec["params"] - 2 * cfg.vocab_size * cfg.hidden_size - cfg.hidden_size) // cfg.num_layers
-    assert gathered_peak(cfg, layer, persistence_threshold=0) == 2 * rec["params"]
+    return cfg, (rec["params"] - 2 * cfg.vocab_size * cfg.hidden_size - cfg.hidden_size) // cfg.num_layers
+
+
+def test_zero3_forward_holds_the_prefetched_model_twice() -> None:
+    for k in (1, 2):
+        rec = _by(3, k)
+        cfg, layer = _layer(rec)
+        assert rec["gathered_peak_bytes"] == 2 * 2 * rec["params"]  # measured: flat buffer + copies, bf16
+        assert 2 * gathered_peak(cfg, layer, persistence_threshold=0) == rec["gathered_peak_bytes"]
     assert gathered_peak(cfg, layer) == rec["params"]  # DeepSpeed's default threshold: every tensor stays whole
+
+
+@pytest.mark.parametrize("rec", TUNED, ids=lambda r: "-".join(str(r.get(k)) for k in KNOBS))
+def test_zero3_gathered_bytes_match_the_coordinator_to_the_byte(rec: dict) -> None:
+    """The all-gather's storages at their most over a measured step (rank 0), with the prefetch bucket, the
+    live-parameter cap and the reuse distance set small enough to bind on the tiny Llama: the replay of
+    ``PartitionedParameterCoordinator`` gives the same bytes."""
+    cfg, layer = _layer(rec)
+    kw = dict(prefetch_bucket=rec.get("stage3_prefetch_bucket_size", PREFETCH_BUCKET),
+              max_live=rec.get("stage3_max_live_parameters", MAX_LIVE_PARAMETERS),
+              max_reuse=rec.get("stage3_max_reuse_distance", MAX_REUSE_DISTANCE))
+    assert 2 * gathered_peak(cfg, layer, persistence_threshold=0, **kw) == rec["gathered_peak_bytes"]
+
+
+def test_the_knob_records_span_one_module_to_the_whole_model() -> None:
+    """The records test the replay where it differs: one module gathered alone (no prefetch, no reuse), the cap
+    binding, and prefetch groups held twice."""
+    got = sorted(r["gathered_peak_bytes"] for r in TUNED)
+    psi = TUNED[0]["params"]
+    assert got[0] == 2 * 512 * 128 and got[-1] > 2 * psi and len(set(got)) == len(got) == 4
 
 
 @pytest.mark.parametrize("rec", BF16, ids=lambda r: f"k{r['grad_accum']}")

@@ -13,7 +13,8 @@
 - ``_all_gather_coalesced`` (``partition_parameters.py``) gathers into one flat buffer; the first ``wait`` copies
   every parameter of that call out of it (``param.data = torch.cat(partitions)...``) and the flat buffer stays
   referenced by ``__inflight_param_registry`` until the last of its parameters is popped, at that parameter's own
-  fetch: until then a prefetched parameter is held twice;
+  fetch: until then a prefetched parameter is held twice. A call with one parameter goes to
+  ``_all_gather_sequential`` instead, which gathers straight into the parameter's own buffer: held once;
 - the post-forward (post-backward) hook's ``release_sub_module`` re-partitions the module's parameters except
   those used again within ``max_reuse_distance`` (10⁹ elements of the trace ahead, ``__params_to_release``);
 - parameters under ``stage3_param_persistence_threshold`` (10⁵ elements) are never partitioned: every rank keeps
@@ -142,9 +143,12 @@ def gathered_peak(cfg: ModelConfig, layer_params: int, recompute: bool = False, 
             return
         state["gid"] += 1
         size = sum(numel[p] for p in pids)
-        flats[state["gid"]] = [size, len(pids), 0]
+        single = len(pids) == 1  # _all_gather_sequential: into the parameter itself, no flat buffer to copy out of
+        flats[state["gid"]] = [0 if single else size, len(pids), int(single)]
         for p in pids:
             inflight[p] = state["gid"]
+            if single:
+                avail.add(p)
         state["n_avail"] += size
         state["live"] += size
         state["peak"] = max(state["peak"], state["live"])
