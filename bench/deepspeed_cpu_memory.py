@@ -11,6 +11,10 @@ optimizer step (the steady state: ZeRO creates Adam's m and v at the first step)
 ``{"type": "Adam"}`` (DeepSpeed's FusedAdam), ``stage3_param_persistence_threshold`` 0 so that ZeRO-3 partitions
 every parameter. Allocations inside c10d kernels (gloo's buffers) are not seen. ``--grad-accum-dtype fp32`` sets
 ``data_types.grad_accum_dtype``: at stage 1 DeepSpeed then runs ``BF16_Optimizer``, which has no reduce bucket.
+At stage 3 the record also holds ``gathered_peak_bytes``: the storages allocated inside ``partition_parameters.py``
+(the coalesced all-gather's flat buffer and the per-parameter copies) at their most over the measured step;
+``--prefetch-bucket``, ``--max-live`` and ``--max-reuse`` set the coordinator's ``stage3_prefetch_bucket_size``,
+``stage3_max_live_parameters`` and ``stage3_max_reuse_distance``.
 """
 from __future__ import annotations
 
