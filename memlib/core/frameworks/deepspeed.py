@@ -58,10 +58,11 @@ class DeepSpeed(Framework):
         fetches, prefetches and releases them (:func:`~memlib.core.frameworks.zero3_fetch.gathered_peak`: per
         submodule, prefetching up to ``prefetch_bucket_size`` = 5·10⁷ elements, capped at
         ``max_live_parameters`` = 10⁹, keeping what is reused within ``max_reuse_distance`` = 10⁹ elements, a
-        prefetched parameter held twice until its coalesced gather's flat buffer is consumed, parameters under
-        ``stage3_param_persistence_threshold`` = 10⁵ elements whole), in the base weight dtype w: for Llama-2-7B
-        about 1.16·10⁹ elements, several layers. Measured on CPU (a tiny Llama, two ranks): the forward's
-        prefetch gathers the whole model in one call and holds it twice, 2·w·Ψ. Gradients: one module's 16-bit
+        prefetched parameter held twice until its coalesced gather's flat buffer is consumed (a one-parameter
+        gather once), parameters under ``stage3_param_persistence_threshold`` = 10⁵ elements whole), in the base
+        weight dtype w: for Llama-2-7B about 1.13·10⁹ elements, several layers. Measured on CPU (a tiny Llama,
+        two ranks): with the defaults the forward's prefetch gathers the whole model in one call and holds it
+        twice, 2·w·Ψ; with the three knobs set small the all-gather's bytes equal the replay's to the byte. Gradients: one module's 16-bit
         gradients, g times the largest module's own parameters, until copied into the reduce bucket (full
         fine-tuning only: LoRA's frozen base has none). (0, 0) below stage 3. DeepSpeed's own
         ``estimate_zero3_model_states_mem_needs`` takes the largest single module (``model_to_params``:
