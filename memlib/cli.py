@@ -9,7 +9,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .core.choices import (ATTENTION, FRAMEWORKS, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZER_SOURCES,
+from .core.choices import (ATTENTION, FRAMEWORKS, GRAD_ACCUM_DTYPES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD,
+                           OPTIMIZER_IMPLS, OPTIMIZER_SOURCES,
                            OPTIMIZERS, PRECISIONS, FP8_RECIPES, LOSSES, RECOMPUTE, SCHEDULES, WEIGHT_FORMATS, ZERO_STAGES, OneLineParser, positive_int)
 from .core.configs import shipped_models
 from .core.dtypes import GiB
@@ -133,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "gradients are views of the Reducer's buckets (default False, DDP's: one more gradient copy)")
     t.add_argument("--grad-accum", type=_positive_int, default=1,
                    help="micro-batches per optimizer step (gradient accumulation, default 1)")
+    t.add_argument("--grad-accum-dtype", choices=GRAD_ACCUM_DTYPES, default="model",
+                   help="DeepSpeed's data_types.grad_accum_dtype: model (default) or fp32 (with --zero 1 and "
+                        "bf16-mixed: BF16_Optimizer, an unsharded fp32 gradient buffer)")
     t.add_argument("--recompute", choices=RECOMPUTE, default="none")
     t.add_argument("--attention", choices=ATTENTION, default=None,
                    help="default sdpa (eager for gemma2, which transformers runs eager only)")
@@ -569,7 +573,8 @@ def _training_setup(args: argparse.Namespace, attention: str) -> Any:
                          optimizer_impl=args.optimizer_impl, framework=args.framework,
                          gradient_as_bucket_view=args.bucket_view, etp=args.etp,
                          grad_accum=args.grad_accum, fp8_recipe=args.fp8_recipe, loss=args.loss,
-                         loss_chunk=args.loss_chunk, optimizer_source=args.optimizer_source)
+                         loss_chunk=args.loss_chunk, optimizer_source=args.optimizer_source,
+                         grad_accum_dtype=args.grad_accum_dtype)
 
 
 def _parse_size(text: str) -> int:

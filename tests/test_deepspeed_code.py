@@ -5,6 +5,8 @@ cited in :mod:`memlib.core.frameworks.deepspeed` and :mod:`memlib.core.framework
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -114,3 +116,32 @@ def test_planner_offload_cost_counts_every_micro_batch_and_never_pairs_8_bit_ada
     assert f"≈ {gb:,.1f} GB over PCIe per step" in off.cost
     for s in p.steps:
         assert not (s.settings["offload"] != "none" and s.settings["optimizer"] == "adamw-8bit")
+
+
+def test_grad_accum_dtype_fp32_is_bf16_optimizer_with_an_unsharded_fp32_buffer() -> None:
+    """``BF16_Optimizer``: 2 + 2 + 4 + 12/N bytes/param of states, the backward epilogue's flatten on top."""
+    e = _ds(zero_stage=1, num_gpus=8, grad_accum_dtype="fp32")
+    assert e.params_bytes == 2 * PSI and e.grads_bytes == 6 * PSI
+    assert e.optimizer_bytes == -(-12 * PSI // 8)
+    assert e.settings["grad_accum_dtype"] == "fp32" and "grad_accum_dtype" not in _ds(zero_stage=1).settings
+    assert e.total_bytes > _ds(zero_stage=1, num_gpus=8).total_bytes
+
+
+@pytest.mark.parametrize("kw", [dict(zero_stage=2), dict(zero_stage=1, framework="pytorch"),
+                                dict(zero_stage=1, precision="fp16-mixed"), dict(zero_stage=1, offload="optimizer")])
+def test_grad_accum_dtype_fp32_outside_bf16_optimizer_is_one_error(kw: dict) -> None:
+    with pytest.raises(MemlibError, match="grad_accum_dtype 'fp32' is DeepSpeed's BF16_Optimizer"):
+        estimate_training("llama-2-7b", **{**KW, "framework": "deepspeed", "num_gpus": 8, "grad_accum_dtype": "fp32",
+                                           **kw})
+    with pytest.raises(MemlibError, match="grad accum dtype"):
+        estimate_training("gpt2", framework="deepspeed", zero_stage=1, grad_accum_dtype="bf16")
+
+
+def test_cli_grad_accum_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["train", "llama-2-7b", "--batch", "1", "--seq", "4096", "--recompute", "full", "--precision",
+            "bf16-mixed", "--framework", "deepspeed", "--gpus", "8", "--zero", "1", "--json"]
+    assert main([*args, "--grad-accum-dtype", "fp32"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["grad_accum_dtype"] == "fp32"
+    assert main([*args[:-2], "2", "--grad-accum-dtype", "fp32"]) == 2  # --zero 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "BF16_Optimizer" in err and "Traceback" not in err

@@ -55,7 +55,7 @@ def test_fsdp2_bad_input_is_one_line() -> None:
         trace_training(TINY, device="cpu", framework="fsdp2", precision="bf16-mixed", zero_stage=1)
     with pytest.raises(MemlibError, match="framework 'fsdp2' is not traced with precision 'fp16-mixed'"):
         trace_training(TINY, device="cpu", framework="fsdp2", precision="fp16-mixed")
-    with pytest.raises(MemlibError, match="zero_stage 3 is traced for framework 'fsdp2' only"):
+    with pytest.raises(MemlibError, match="zero_stage 3 is traced for frameworks 'fsdp2' and 'deepspeed' only"):
         trace_training(TINY, device="cpu", precision="bf16-mixed", zero_stage=3)
 
 

@@ -42,6 +42,9 @@ OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 #: without an optimizer block), which keeps its ``optimizer_impl``'s step temporaries
 #: (:mod:`memlib.core.frameworks.deepspeed_client`). bitsandbytes' adamw-8bit is always the client's.
 OPTIMIZER_SOURCES = ("framework", "client")
+#: DeepSpeed's ``data_types.grad_accum_dtype``: ``model`` (its default, the model's dtype) or ``fp32``, which with
+#: ZeRO-1 in bf16 runs ``BF16_Optimizer`` (``deepspeed/runtime/engine.py``, ``_do_optimizer_sanity_check``).
+GRAD_ACCUM_DTYPES = ("model", "fp32")
 #: Training frameworks whose memory layout the estimator follows (Chapter 1; :mod:`memlib.core.frameworks`):
 #: ``pytorch`` (torch.autocast AMP, fp32 params and grads; ZeRO-1 is ``ZeroRedundancyOptimizer``), ``deepspeed``
 #: (16-bit params and grads, fp32 master and states partitioned by ZeRO stage), ``fsdp2`` (``fully_shard`` with

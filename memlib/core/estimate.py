@@ -243,7 +243,8 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
                       gradient_as_bucket_view: bool | None = None, etp: int | None = None,
                       grad_accum: int | None = None, fp8_recipe: str | None = None,
                       loss: str | None = None, loss_chunk: int | None = None,
-                      optimizer_source: str | None = None) -> TrainingEstimate:
+                      optimizer_source: str | None = None,
+                      grad_accum_dtype: str | None = None) -> TrainingEstimate:
     """Estimate the peak training memory per GPU.
 
     Introduced in Chapter 1. Model states follow the layout of ``framework`` (:mod:`memlib.core.frameworks`:
@@ -284,6 +285,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
             (:func:`memlib.core.frameworks.ddp_bucket_bytes`).
         grad_accum: micro-batches per optimizer step (gradient accumulation; default 1). Only DeepSpeed's ZeRO-1
             peak and the offload traffic depend on it (:class:`memlib.core.setup.TrainingSetup`).
+        grad_accum_dtype: DeepSpeed's ``data_types.grad_accum_dtype``: ``model`` (default) or ``fp32``, which
+            with ZeRO-1 in bf16-mixed runs ``BF16_Optimizer`` (an unsharded fp32 gradient buffer,
+            :meth:`memlib.core.frameworks.deepspeed.DeepSpeed.bf16_optimizer`).
         framework: ``pytorch`` (default), ``deepspeed``, ``fsdp2`` or ``megatron``
             (:data:`memlib.core.choices.FRAMEWORK_SUPPORT` lists the ZeRO stages, offload and parallelism each
             supports; fsdp2's zero 2/3 are ``reshard_after_forward`` False/True).
@@ -327,8 +331,9 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
 
     Limitations:
         No CUDA context, allocator rounding or library workspaces (see Chapter 1's GPU comparison);
-        ZeRO-3 adds two gathered layers of weights and one of gradients (the largest of a decoder layer and
-        the embedding); DeepSpeed's reduce bucket is counted at its default size, PyTorch DDP's buckets in full
+        DeepSpeed ZeRO-3 adds the most weights its coordinator holds gathered over a pass (prefetch, reuse
+        distance and live-parameter cap at their defaults, :mod:`memlib.core.frameworks.zero3_fetch`) and one
+        module's gradients to the backward pass, whatever the moment; DeepSpeed's reduce bucket is counted at its default size, PyTorch DDP's buckets in full
         (they cover every gradient); FSDP2's and Megatron's are not. LoRA activations are taken
         full fine-tuning's for GPT-2 (derived and measured for the llama family, ``lora_dropout=0``); the CPU
         side of offload omits DeepSpeed's pinned buffers. Under model parallelism (``tp``, ``pp``, ...) the
@@ -341,7 +346,7 @@ def estimate_training(model: str | Path | dict[str, Any] | ModelConfig | None = 
         sequence_parallel=sequence_parallel, micro_batches=micro_batches, pp_schedule=pp_schedule,
         optimizer_impl=optimizer_impl, framework=framework, gradient_as_bucket_view=gradient_as_bucket_view,
         etp=etp, grad_accum=grad_accum, fp8_recipe=fp8_recipe, loss=loss, loss_chunk=loss_chunk,
-        optimizer_source=optimizer_source))
+        optimizer_source=optimizer_source, grad_accum_dtype=grad_accum_dtype))
     if setup.model_parallel:
         return _estimate_model_parallel(model, params, setup)
     cfg, n, small, layer_params = _model_size(model, params, setup)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .choices import (ATTENTION, FP8_RECIPES, LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD, OPTIMIZER_IMPLS, OPTIMIZER_SOURCES, OPTIMIZERS,
-                      PRECISIONS, RECOMPUTE, SCHEDULES, ZERO_STAGES, check_framework, check_framework_precision)
+from .choices import (ATTENTION, FP8_RECIPES, GRAD_ACCUM_DTYPES, LOSSES, KV_DTYPES, LORA_TARGETS, METHODS, OFFLOAD,
+                      OPTIMIZER_IMPLS, OPTIMIZER_SOURCES, OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, ZERO_STAGES,
+                      check_framework, check_framework_precision)
 from .dtypes import weight_bytes_per_param
 from .errors import MemlibError, check_choice, check_positive
 
@@ -55,6 +56,10 @@ class TrainingSetup:
             keeps the full 16-bit gradients between micro-batches where ZeRO-2 reduces them into its partition,
             and the offload traffic (:func:`memlib.core.offload.offload_traffic`); the other frameworks' peaks do
             not depend on it.
+        grad_accum_dtype: DeepSpeed's ``data_types.grad_accum_dtype``, one of
+            :data:`memlib.core.choices.GRAD_ACCUM_DTYPES`: ``model`` (default) or ``fp32``, which DeepSpeed runs as
+            ``BF16_Optimizer`` (an unsharded fp32 gradient buffer); valid with ``framework="deepspeed"``,
+            ``zero_stage=1``, ``precision="bf16-mixed"``, full fine-tuning and no offload.
         fp8_recipe: one of :data:`memlib.core.choices.FP8_RECIPES` (Chapter 17, :mod:`memlib.core.fp8`); read only
             with ``precision="fp8-mixed"``.
         loss: one of :data:`memlib.core.choices.LOSSES` (Chapter 17, :mod:`memlib.core.losses`).
@@ -95,6 +100,7 @@ class TrainingSetup:
     gradient_as_bucket_view: bool = False
     etp: int | None = None
     grad_accum: int = 1
+    grad_accum_dtype: str = "model"
     fp8_recipe: str = "tensorwise"
     loss: str = "standard"
     loss_chunk: int = 1024
@@ -136,6 +142,13 @@ class TrainingSetup:
         if self.gradient_as_bucket_view and self.framework != "pytorch":
             raise MemlibError(f"gradient_as_bucket_view=True is PyTorch DDP's setting (got framework "
                               f"{self.framework!r}); expected framework: pytorch")
+        check_choice("grad accum dtype", self.grad_accum_dtype, GRAD_ACCUM_DTYPES)
+        bf16_opt = (self.framework, self.zero_stage, self.precision, self.method, self.offload, self.model_parallel)
+        if self.grad_accum_dtype == "fp32" and bf16_opt != ("deepspeed", 1, "bf16-mixed", "full", "none", False):
+            raise MemlibError("grad_accum_dtype 'fp32' is DeepSpeed's BF16_Optimizer: it needs framework 'deepspeed', "
+                              "zero_stage 1, precision 'bf16-mixed', method 'full', no offload and no model "
+                              f"parallelism (got framework={self.framework!r}, zero_stage={self.zero_stage}, "
+                              f"precision={self.precision!r}, method={self.method!r}, offload={self.offload!r})")
         if self.model_parallel:
             return  # memlib.core.parallel.check_layout checks the layout against the model
         if self.checkpoint_every != 1 and self.recompute != "full":

@@ -80,6 +80,8 @@ def echo_settings(setup: TrainingSetup, cfg: ModelConfig | None, n: int, n_train
         settings["optimizer_source"] = setup.optimizer_source
     if setup.grad_accum != 1:  # likewise
         settings["grad_accum"] = setup.grad_accum
+    if setup.grad_accum_dtype != "model":  # likewise
+        settings["grad_accum_dtype"] = setup.grad_accum_dtype
     if setup.precision == "fp8-mixed":  # Chapter 17
         settings["fp8_recipe"] = setup.fp8_recipe
     if setup.loss != "standard":

@@ -2,7 +2,8 @@
 
 :func:`memlib.measure.trace.trace_training` runs ``torch.amp.GradScaler`` for ``fp16-mixed`` under
 ``framework="pytorch"`` (:func:`_grad_scaler`), DeepSpeed's ZeRO stage 1/2 optimizer of one rank for
-``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`), Megatron-LM's mixed-precision
+``framework="deepspeed"`` (:func:`_deepspeed_setup`, :func:`_deepspeed_step`; ``zero_stage=0``:
+``FP16_Optimizer``, :func:`_fp16_optimizer_step`), Megatron-LM's mixed-precision
 optimizer of one data-parallel rank for ``framework="megatron"`` (:func:`_megatron_setup`,
 :func:`_megatron_step`), and PyTorch's FSDP2 (``fully_shard``) for ``framework="fsdp2"`` (:func:`_fsdp2_group`,
 :func:`_fsdp2_shard`, :func:`_fsdp2_storage_hooks`). With ``data_parallel="ddp"`` the model is wrapped in
@@ -97,6 +98,33 @@ def _deepspeed_step(params: list[Any], master: Any, flat16: Any, opt: Any, loss_
         if loss_scale is not None:
             single_grad_partition.mul_(1.0 / loss_scale)
         del single_grad_partition
+        opt.step()
+        master.grad = None
+        flat16.copy_(master)
+
+
+def _fp16_optimizer_step(params: list[Any], master: Any, flat16: Any, opt: Any, loss_scale: float | None) -> None:
+    """``FP16_Optimizer.step`` (``deepspeed/runtime/fp16/fused_optimizer.py``): DeepSpeed without ZeRO in mixed
+    precision, bf16 included (``engine.py``, ``_do_optimizer_sanity_check`` returns ``DDP_BFLOAT16`` while
+    ``grad_accum_dtype`` is the model's). Its ``__init__`` flattens the 16-bit weights and clones an fp32 master
+    as :func:`_deepspeed_setup` does. The step converts every 16-bit gradient to fp32 one by one
+    (``p.grad.to(data_type) for p in group``, 4 B/param) and flattens the list (``_flatten_dense_tensors``, 4
+    B/param more) while the 16-bit gradients are still set: 2 + 4 + 4 bytes/param of gradients at once; the flat
+    fp32 gradient becomes the master's ``.grad``, the 16-bit gradients are dropped (``p.grad = None``), it is
+    unscaled in place (``unscale_and_clip_grads``), ``FusedAdam`` steps, the fp32 gradient is dropped and the
+    master is copied into the 16-bit weights (``_unflatten_dense_tensors`` views, ``p.data.copy_``). The norm
+    (``get_flattened_grad_norm``, scalars) is left out."""
+    torch = _torch()
+    with torch.no_grad():
+        fp32_grads = [p.grad.to(master.dtype) for p in params]
+        flat_grad = torch._utils._flatten_dense_tensors(fp32_grads)
+        del fp32_grads
+        master.grad = flat_grad
+        for p in params:
+            p.grad = None
+        if loss_scale is not None:
+            flat_grad.mul_(1.0 / loss_scale)
+        del flat_grad
         opt.step()
         master.grad = None
         flat16.copy_(master)

@@ -26,8 +26,8 @@ from .deps import require_torch
 from .hf_config import _CLASSES, _decoder_layers, build_model, load_any_config  # re-exported: build_model
 from . import tracker as _tracker
 from .autocast import AUTOCAST_DEVICES, cast_like_autocast, emulated
-from .recipes import (_ddp_group, _ddp_wrap, _deepspeed_setup, _deepspeed_step, _fsdp2_group, _fsdp2_shard,
-                      _fsdp2_storage_hooks, _grad_scaler, _init_fused_state, _make_optimizer, _megatron_setup,
+from .recipes import (_ddp_group, _ddp_wrap, _deepspeed_setup, _deepspeed_step, _fp16_optimizer_step,
+                      _fsdp2_group, _fsdp2_shard, _fsdp2_storage_hooks, _grad_scaler, _init_fused_state, _make_optimizer, _megatron_setup,
                       _megatron_step)
 from .tracker import MemoryTracker, _cached_meta_mode
 
@@ -235,8 +235,11 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
               (``cpu``, ``cuda``): FSDP2 refuses meta parameters.
         autocast_lists: on meta, whose autocast op lists the emulation mirrors: ``cuda`` (default: the GPUs
             the estimates are for) or ``cpu`` (to compare with a real CPU trace). Real devices use their own.
-        zero_stage: ``fsdp2`` only: 3 (default; ``reshard_after_forward=True``) or 2 (``False``: the
+        zero_stage: ``fsdp2``: 3 (default; ``reshard_after_forward=True``) or 2 (``False``: the
             unsharded parameters stay from the forward to the backward), as ``estimate_training``'s ``zero``.
+            ``deepspeed``: None or 1/2 (default: ``DeepSpeedZeroOptimizer`` of one rank) or 0 (no ZeRO: in mixed
+            precision DeepSpeed's ``FP16_Optimizer``, :func:`memlib.measure.recipes._fp16_optimizer_step`, as the
+            estimate's ``zero_stage=0``).
         data_parallel: ``none`` or ``ddp`` (``framework="pytorch"``, device ``cpu`` or ``meta``): the model runs
             wrapped in ``torch.nn.parallel.DistributedDataParallel`` of a one-rank process group made and destroyed
             inside the call (gloo on cpu, PyTorch's fake backend on meta; :func:`memlib.measure.recipes._ddp_group`).
@@ -292,9 +295,11 @@ def trace_training(model: str | Path | dict[str, Any] | ModelConfig, *, batch_si
             if value not in valid:  # device: FSDP2's lazy init refuses meta parameters (_validate_no_meta_params)
                 raise MemlibError(f"framework 'fsdp2' is not traced with {name} {value!r}; expected one of: "
                                   f"{', '.join(valid)}")
+    elif framework == "deepspeed" and zero_stage is not None:
+        check_choice("zero stage", zero_stage, (0, 1, 2))  # one rank: 1 and 2 are the same step
     elif zero_stage is not None:
-        raise MemlibError(f"zero_stage {zero_stage!r} is traced for framework 'fsdp2' only; expected None for "
-                          f"framework {framework!r}")
+        raise MemlibError(f"zero_stage {zero_stage!r} is traced for frameworks 'fsdp2' and 'deepspeed' only; "
+                          f"expected None for framework {framework!r}")
     if optimizer == "adamw-8bit" and device == "meta":
         raise MemlibError("optimizer 'adamw-8bit' cannot be traced on device 'meta'; expected one of: cpu, cuda")
     layer_key = "n_layer" if cfg.model_type == "gpt2" else "num_hidden_layers"
@@ -495,7 +500,9 @@ def _trace_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: s
         with tracker.optimizer_step():
             if segments:
                 tracker.set_segment("optimizer")
-            if master is not None and flat16 is not None:
+            if master is not None and flat16 is not None and zero_stage == 0:
+                _fp16_optimizer_step(params, master, flat16, opt, loss_scale)
+            elif master is not None and flat16 is not None:
                 _deepspeed_step(params, master, flat16, opt, loss_scale)
             elif mains is not None and grad_data is not None:
                 _megatron_step(params, mains, grad_data, opt, loss_scale)
