@@ -234,6 +234,7 @@ def answer_numbers() -> dict[str, Number]:
     put("block100b", f"{round_size(100)} B", "round_size(100): kMinBlockSize")
     _rl_numbers(put)
     _cluster_numbers(put)
+    _chapters_1_to_8(put)
     return n
 
 
@@ -391,3 +392,54 @@ def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
     put("dec_kv_b64", _gb(b64 - f.weights_bytes, 1), "64 × 8192 × 128 KiB of KV read per step")
     put("dec_ms_b64", f"{1e3 * b64 / bw:.1f} ms", "decode_bytes_per_step('llama-3-8b', batch_size=64, "
         "context_len=8192) / bandwidth")
+
+
+def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
+    """The numbers of the questions Chapters 1–8 once held in their own Interview sections."""
+    p2 = count_params("llama-2-7b").params
+    kw = dict(batch_size=1, seq_len=4096, precision="bf16-mixed", optimizer="adamw", recompute="full")
+    for key, framework, impl in (("foreach", "pytorch", "foreach"), ("fused", "pytorch", "fused"),
+                                 ("ds", "deepspeed", None)):
+        e = estimate_framework("llama-2-7b", framework=framework, optimizer_impl=impl,
+                               zero_stage=1 if framework == "deepspeed" else 0, **kw)
+        put(f"ch1_fw_{key}", _gb(e.total_bytes), f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, "
+            f"recompute='full', framework='{framework}', optimizer_impl={impl!r}).total_bytes")
+        if key == "foreach":
+            put("ch1_fw_foreach_bpp", f"{e.total_bytes / p2:.1f}", "the same / count_params('llama-2-7b').params")
+    amp = estimate_framework("llama-2-7b", batch_size=4, seq_len=4096, precision="bf16-mixed", optimizer="adamw",
+                             framework="pytorch")
+    put("ch1_amp_peak", _gb(amp.total_bytes, 0), "estimate_training('llama-2-7b', batch_size=4, seq_len=4096, "
+        "framework='pytorch').total_bytes")
+    _chapter_2_numbers(put)
+
+
+def _sci(x: float, digits: int) -> str:
+    """``x`` as ``5.96 × 10⁻⁸``."""
+    mant, exp = f"{x:.{digits - 1}e}".split("e")
+    return f"{mant} × 10" + f"{int(exp):d}".translate(str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def _chapter_2_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 2's format facts (:mod:`memlib.core.formats`, bit-exact with PyTorch)."""
+    from ..core import formats as fm
+
+    props = {f: fm.format_properties(f) for f in ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")}
+    h, b = props["fp16"], props["bf16"]
+    put("fp16_min_sub", _sci(h.min_subnormal, 3), "format_properties('fp16').min_subnormal = 2**-24")
+    put("fp16_min_normal", _sci(h.min_normal, 3), "format_properties('fp16').min_normal = 2**-14")
+    put("fp16_max", f"{h.max_normal:.0f}", "format_properties('fp16').max_normal")
+    put("bf16_min_normal", _sci(b.min_normal, 2), "format_properties('bf16').min_normal")
+    put("bf16_max", _sci(b.max_normal, 2), "format_properties('bf16').max_normal")
+    for f in ("fp16", "bf16"):
+        for what in ("min_subnormal", "min_normal"):
+            put(f"{f}_{what}_bits", f"`{fm.encode(getattr(props[f], what), f).grouped}`", f"encode({what}, '{f}')")
+    for f in ("fp32", "fp16", "bf16"):
+        put(f"{f}_digits", f"{props[f].decimal_digits:.1f}", f"format_properties('{f}').decimal_digits")
+        put(f"{f}_half_eps", _sci(props[f].eps / 2, 2), f"format_properties('{f}').eps / 2")
+    for f in ("fp8_e4m3", "fp8_e5m2"):
+        put(f"{f}_max", f"{props[f].max_normal:.0f}", f"format_properties('{f}').max_normal")
+    e5 = props["fp8_e5m2"]
+    put("e5m2_binades", f"{math.log2(e5.max_normal / e5.min_subnormal):.0f}", "log2(max_normal / min_subnormal)")
+    for x in (65519, 65520, 1e-9):
+        put(f"fp16_of_{x:g}".replace("-", "m"), f"{fm.encode(x, 'fp16').value:g}", f"encode({x:g}, 'fp16').value")
+    put("e4m3_of_500", f"{fm.encode(500, 'fp8_e4m3').value:g}", "encode(500, 'fp8_e4m3').value (saturating, float8_e4m3fn)")
