@@ -411,6 +411,15 @@ def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
     put("ch1_amp_peak", _gb(amp.total_bytes, 0), "estimate_training('llama-2-7b', batch_size=4, seq_len=4096, "
         "framework='pytorch').total_bytes")
     _chapter_2_numbers(put)
+    # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
+    from ..core.scaler import DynamicLossScaler
+
+    sc = DynamicLossScaler()
+    put("scaler_init", "2" + f"{int(math.log2(sc.scale))}".translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")),
+        "DynamicLossScaler().scale (GradScaler's init_scale)")
+    put("scaler_interval", f"{sc.growth_interval}", "DynamicLossScaler().growth_interval")
+    for key, bpp in (("copies7", 2), ("sqrt7", 4), ("foreach7", 20)):
+        put(f"ch3_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
 
 
 def _sci(x: float, digits: int) -> str:
