@@ -411,6 +411,7 @@ def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
     put("ch1_amp_peak", _gb(amp.total_bytes, 0), "estimate_training('llama-2-7b', batch_size=4, seq_len=4096, "
         "framework='pytorch').total_bytes")
     _chapter_2_numbers(put)
+    _chapter_4_numbers(put)
     # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
     from ..core.scaler import DynamicLossScaler
 
@@ -452,3 +453,26 @@ def _chapter_2_numbers(put: Callable[[str, str, str], None]) -> None:
     for x in (65519, 65520, 1e-9):
         put(f"fp16_of_{x:g}".replace("-", "m"), f"{fm.encode(x, 'fp16').value:g}", f"encode({x:g}, 'fp16').value")
     put("e4m3_of_500", f"{fm.encode(500, 'fp8_e4m3').value:g}", "encode(500, 'fp8_e4m3').value (saturating, float8_e4m3fn)")
+
+
+def _chapter_4_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 4's checkpointing numbers: PyTorch AMP step peaks (the chapter's traces match these estimates)."""
+    from ..core.activations import activation_terms
+
+    peaks = {}
+    for model, b, s in (("gpt2", 16, 1024), ("qwen2-0.5b", 8, 2048), ("llama-7b", 8, 2048)):
+        none, full = (estimate_framework(model, batch_size=b, seq_len=s, precision="bf16-mixed", framework="pytorch",
+                                         recompute=r).total_bytes for r in ("none", "full"))
+        peaks[model] = 1 - full / none
+        if model == "llama-7b":
+            put("ch4_peak7_none", _gb(none, 0), "estimate_training('llama-7b', batch_size=8, seq_len=2048, "
+                "framework='pytorch').total_bytes")
+            put("ch4_peak7_full", _gb(full, 0), "the same with recompute='full'")
+    put("ch4_peak_lo", f"{100 * min(peaks.values()):.0f} %", "1 − full/none peak, min over GPT-2, Qwen2-0.5B, LLaMA-7B")
+    put("ch4_peak_hi", f"{100 * max(peaks.values()):.0f} %", "the same, max")
+    cfg = load_config("llama-7b")
+    layer = sum(t.bytes for t in activation_terms("llama-7b", batch_size=1, seq_len=1024, precision="bf16-mixed",
+                                                  attention="sdpa") if t.per_layer)
+    put("ch4_p_over_i", f"{layer / (1024 * cfg.hidden_size) / 2:.0f}", "a LLaMA-7B layer's saved bytes (SDPA) / "
+        "its 16-bit input 2·s·b·h")
+    put("chain_k", f"{math.isqrt(64)}", "√64")
