@@ -412,6 +412,8 @@ def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
         "framework='pytorch').total_bytes")
     _chapter_2_numbers(put)
     _chapter_4_numbers(put)
+    for key, bpp in (("bf16", 2), ("fp32", 4), ("both", 6)):  # Chapter 5: a 7B model's accumulated gradients
+        put(f"ch5_grad7_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
     # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
     from ..core.scaler import DynamicLossScaler
 
