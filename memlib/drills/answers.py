@@ -414,6 +414,7 @@ def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
     _chapter_4_numbers(put)
     for key, bpp in (("bf16", 2), ("fp32", 4), ("both", 6)):  # Chapter 5: a 7B model's accumulated gradients
         put(f"ch5_grad7_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
+    _chapter_6_numbers(put)
     # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
     from ..core.scaler import DynamicLossScaler
 
@@ -478,3 +479,29 @@ def _chapter_4_numbers(put: Callable[[str, str, str], None]) -> None:
     put("ch4_p_over_i", f"{layer / (1024 * cfg.hidden_size) / 2:.0f}", "a LLaMA-7B layer's saved bytes (SDPA) / "
         "its 16-bit input 2·s·b·h")
     put("chain_k", f"{math.isqrt(64)}", "√64")
+
+
+def _zero_states_bytes(params: int, stage: int, num_gpus: int) -> int:
+    """The ZeRO paper's per-GPU model states (fp16 mixed precision, Adam) as DeepSpeed lays them out (Chapter 6)."""
+    e = estimate_framework(params=params, zero_stage=stage, num_gpus=num_gpus, precision="fp16-mixed",
+                           optimizer="adamw", framework="deepspeed", grad_accum=2 if stage == 1 else 1)
+    return e.params_bytes + e.grads_bytes + e.optimizer_bytes
+
+
+def _chapter_6_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 6's ZeRO numbers: the paper's 7.5B model on 64 GPUs, and on 16 × 32 GB V100s."""
+    from ..core.frameworks import DS_REDUCE_BUCKET
+
+    psi = 7_500_000_000
+    for stage in range(4):
+        put(f"zero75_64_{stage}", _gb(_zero_states_bytes(psi, stage, 64)),
+            f"estimate_training(params=7.5e9, zero_stage={stage}, num_gpus=64, framework='deepspeed'): model states")
+        put(f"zero75_16_{stage}", _gb(_zero_states_bytes(psi, stage, 16)), f"the same with num_gpus=16, stage {stage}")
+    v100 = get_gpu("v100").memory_bytes
+    put("v100_gb", _gb(v100), "get_gpu('v100').memory_bytes (32 GiB)")
+    ds2 = _zero_states_bytes(psi, 2, 16) + 4 * psi // 16  # + DeepSpeed's fp32 gradient partition: 2Ψ + 18Ψ/N
+    put("zero75_16_ds2", _gb(ds2), "2Ψ + 14Ψ/N + 4Ψ/N, Ψ = 7.5e9, N = 16 (DeepSpeed's ZeRO-2 estimator)")
+    put("zero75_16_fp32g", _gb(4 * psi / 16), "4Ψ/N: DeepSpeed's fp32 gradient partition")
+    left = [v100 - ds2 - 2 * DS_REDUCE_BUCKET - ctx for ctx in (2 * GB, 0.4 * GB)]  # CUDA context 2 .. 0.4 GB
+    put("zero75_16_left_lo", f"{left[0] / GB:.0f}", "32 GiB − states − a 16-bit reduce bucket − a 2 GB CUDA context")
+    put("zero75_16_left_hi", f"{left[1] / GB:.0f} GB", "the same with a 0.4 GB context (lazy loading)")
