@@ -415,6 +415,7 @@ def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
     for key, bpp in (("bf16", 2), ("fp32", 4), ("both", 6)):  # Chapter 5: a 7B model's accumulated gradients
         put(f"ch5_grad7_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
     _chapter_6_numbers(put)
+    _chapter_7_numbers(put)
     # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
     from ..core.scaler import DynamicLossScaler
 
@@ -505,3 +506,29 @@ def _chapter_6_numbers(put: Callable[[str, str, str], None]) -> None:
     left = [v100 - ds2 - 2 * DS_REDUCE_BUCKET - ctx for ctx in (2 * GB, 0.4 * GB)]  # CUDA context 2 .. 0.4 GB
     put("zero75_16_left_lo", f"{left[0] / GB:.0f}", "32 GiB − states − a 16-bit reduce bucket − a 2 GB CUDA context")
     put("zero75_16_left_hi", f"{left[1] / GB:.0f} GB", "the same with a 0.4 GB context (lazy loading)")
+
+
+def _chapter_7_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 7's offload numbers (:mod:`memlib.core.offload`): bytes on each side, traffic and the step's overhead."""
+    from ..core.offload import (DEFAULT_LINK_EFFICIENCY, GPU_PEAK_FLOPS, LINK_BANDWIDTH, offload_step_time,
+                                offload_traffic, placement)
+
+    for key, mode, side in (("gpu", "optimizer", "gpu"), ("host", "optimizer", "cpu"), ("host3", "params+optimizer", "cpu")):
+        put(f"off_bpp_{key}", f"{placement(mode).bytes_per_param(side):.0f}", f"placement('{mode}').bytes_per_param('{side}')")
+    psi = count_params("llama-2-7b").params
+    paper = offload_traffic(psi, "optimizer", implementation="zero-offload-paper").link_bytes
+    put("off7_paper", _gb(paper, 0), "offload_traffic(Ψ of llama-2-7b, 'optimizer', implementation='zero-offload-paper')")
+    put("off7_ds", _gb(offload_traffic(psi, "optimizer").link_bytes), "offload_traffic(Ψ, 'optimizer') (DeepSpeed: 6Ψ)")
+    bw4 = DEFAULT_LINK_EFFICIENCY * LINK_BANDWIDTH["pcie4"]
+    put("off7_up_s", f"{2 * psi / bw4:.1f} s", "2Ψ bytes / (DEFAULT_LINK_EFFICIENCY × LINK_BANDWIDTH['pcie4'])")
+    for key, impl in (("fsdp2", "fsdp2"), ("ds3", "deepspeed")):
+        put(f"off_{key}_psi", f"{offload_traffic(psi, 'params+optimizer', implementation=impl).link_bytes / psi:.0f}Ψ",
+            f"offload_traffic(Ψ, 'params+optimizer', implementation='{impl}').link_bytes / Ψ (per micro-batch)")
+    for gpu, link in (("v100", "pcie3"), ("h100", "pcie5")):  # the Tips notes' case: 10B, 10 × 1024 tokens per step
+        o = offload_step_time(10 * 10**9, 10_240, "optimizer", gpu=gpu, link=link, mfu=0.4, flops_per_token=8,
+                              cpu_adam_params_per_s=4e9).overhead
+        put(f"off_over_{gpu}", f"{o:+.0%}".replace("%", " %"), f"offload_step_time(10e9, 10_240, 'optimizer', "
+            f"gpu='{gpu}', link='{link}', mfu=0.4, cpu_adam_params_per_s=4e9).overhead")
+    bw5 = DEFAULT_LINK_EFFICIENCY * LINK_BANDWIDTH["pcie5"]
+    t30 = 0.4 * GPU_PEAK_FLOPS["h100"] * (1 / 4e9 + 2 / bw5) / (6 * 0.3)  # CPU Adam + upload = 30 % of 6·Ψ·T
+    put("off_t30_h100", f"{round(t30, -3) / 1000:.0f}k", "tokens T with (Ψ/4e9 + 2Ψ/BW) = 0.3 × 6ΨT / (0.4 × peak), H100 + PCIe5")
