@@ -416,6 +416,15 @@ def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
         put(f"ch5_grad7_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
     _chapter_6_numbers(put)
     _chapter_7_numbers(put)
+    # Chapter 8: bitsandbytes 8-bit Adam keeps m and v in uint8 plus one fp32 absmax per block of 256 (bitsandbytes 0.50)
+    block, p7 = 256, count_params("llama-7b").params
+    q8 = 2 * (1 + 4 / block)
+    put("q8_bpp", f"{q8:.2f}", "2 × (1 + 4/256): m and v in uint8 plus an fp32 absmax per 256 values")
+    put("q8_opt_ds", f"{4 + q8:.2f}", "4 (fp32 master) + 2 × (1 + 4/256)")
+    put("q8_states", f"{16 - 8 + q8:.2f}", "2 + 2 + 4 + 2 × (1 + 4/256)")
+    put("q8_absmax_bits", f"{32 / block:.3f}", "32 / 256 bits per value")
+    put("moments7_fp32", _gb(8 * p7), "8 × count_params('llama-7b').params")
+    put("moments7_8bit", _gb(q8 * p7), "2 × (1 + 4/256) × count_params('llama-7b').params")
     # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
     from ..core.scaler import DynamicLossScaler
 
