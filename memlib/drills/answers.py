@@ -453,9 +453,8 @@ def _chapter_2_numbers(put: Callable[[str, str, str], None]) -> None:
     put("fp16_max", f"{h.max_normal:.0f}", "format_properties('fp16').max_normal")
     put("bf16_min_normal", _sci(b.min_normal, 2), "format_properties('bf16').min_normal")
     put("bf16_max", _sci(b.max_normal, 2), "format_properties('bf16').max_normal")
-    for f in ("fp16", "bf16"):
-        for what in ("min_subnormal", "min_normal"):
-            put(f"{f}_{what}_bits", f"`{fm.encode(getattr(props[f], what), f).grouped}`", f"encode({what}, '{f}')")
+    for what in ("min_subnormal", "min_normal"):
+        put(f"fp16_{what}_bits", f"`{fm.encode(getattr(h, what), 'fp16').grouped}`", f"encode({what}, 'fp16')")
     for f in ("fp32", "fp16", "bf16"):
         put(f"{f}_digits", f"{props[f].decimal_digits:.1f}", f"format_properties('{f}').decimal_digits")
         put(f"{f}_half_eps", _sci(props[f].eps / 2, 2), f"format_properties('{f}').eps / 2")
@@ -506,7 +505,8 @@ def _chapter_6_numbers(put: Callable[[str, str, str], None]) -> None:
     for stage in range(4):
         put(f"zero75_64_{stage}", _gb(_zero_states_bytes(psi, stage, 64)),
             f"estimate_training(params=7.5e9, zero_stage={stage}, num_gpus=64, framework='deepspeed'): model states")
-        put(f"zero75_16_{stage}", _gb(_zero_states_bytes(psi, stage, 16)), f"the same with num_gpus=16, stage {stage}")
+        if stage:
+            put(f"zero75_16_{stage}", _gb(_zero_states_bytes(psi, stage, 16)), f"the same with num_gpus=16, stage {stage}")
     v100 = get_gpu("v100").memory_bytes
     put("v100_gb", _gb(v100), "get_gpu('v100').memory_bytes (32 GiB)")
     ds2 = _zero_states_bytes(psi, 2, 16) + 4 * psi // 16  # + DeepSpeed's fp32 gradient partition: 2Ψ + 18Ψ/N
