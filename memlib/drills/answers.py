@@ -484,7 +484,7 @@ def _chapter_4_numbers(put: Callable[[str, str, str], None]) -> None:
             put("ch4_peak7_none", _gb(none, 0), "estimate_training('llama-7b', batch_size=8, seq_len=2048, "
                 "framework='pytorch').total_bytes")
             put("ch4_peak7_full", _gb(full, 0), "the same with recompute='full'")
-    put("ch4_peak_lo", f"{100 * min(peaks.values()):.0f} %",
+    put("ch4_peak_lo", f"{100 * min(peaks.values()):.0f}",
         "1 − full/none step peak, the least of GPT-2, Qwen2-0.5B and LLaMA-7B at 16k tokens")
     put("ch4_peak_hi", f"{100 * max(peaks.values()):.0f} %", "the same, the most")
     cfg = load_config("llama-7b")
