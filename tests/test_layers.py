@@ -115,7 +115,6 @@ _VIZ = "the chapter's figure or widget, drawn by the viz layer (which may not im
 SINGLE_NOTEBOOK_ALLOWED: dict[str, str] = {
     # the offload model answers three questions an engineer asks outside the book too (tests/test_offload.py checks
     # them against the ZeRO-Offload/Infinity papers and DeepSpeed's estimators); Chapter 7 is where they are taught
-    "memlib.core.offload.placement": _OFFLOAD_API,
     "memlib.core.offload.hiding_tokens": _OFFLOAD_API,
     "memlib.core.offload.max_params_that_fit": _OFFLOAD_API,
     # the planner's rung order is part of plan()'s contract (tests/test_plan.py checks every ladder follows it)

@@ -157,6 +157,20 @@ def test_the_browser_zip_imports_with_the_standard_library_only(tmp_path: Path) 
     assert imported <= set(LIVE_MODULES) and "viz/live" in imported
 
 
+def test_drill_answers_compute_with_the_browser_modules_only() -> None:
+    """The drill card fills every model answer's numbers in the browser: without numpy or torch, importing only
+    LIVE_MODULES (answers.py imports some core modules inside its functions, which the zip test does not reach)."""
+    code = (f"import sys\nfor m in {HEAVY!r}: sys.modules[m] = None\n"
+            "from memlib.drills import QUESTIONS\nfrom memlib.drills.concepts import render_answer\n"
+            "assert all('{{' not in render_answer(q) for q in QUESTIONS)\nimport os\n"
+            "root = os.path.dirname(sys.modules['memlib'].__file__)\n"
+            "print(sorted(os.path.relpath(m.__file__, root)[:-3] for n, m in sys.modules.items()\n"
+            "             if n == 'memlib' or n.startswith('memlib.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    imported = set(eval(out.stdout))  # noqa: S307 (our own subprocess's list)
+    assert "drills/answers" in imported and imported <= set(LIVE_MODULES), imported - set(LIVE_MODULES)
+
+
 # ------------------------------------------------------------------------------------- Chapter 2: format
 SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 65504.0, 65519.0, 65520.0, 1e-9, 448.0, 464.0, 465.0, 500.0,
            57344.0, 61440.0, 1.7976931348623157e308, 5e-324, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 1 + 2**-11 + 2**-40,

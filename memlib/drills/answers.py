@@ -234,6 +234,7 @@ def answer_numbers() -> dict[str, Number]:
     put("block100b", f"{round_size(100)} B", "round_size(100): kMinBlockSize")
     _rl_numbers(put)
     _cluster_numbers(put)
+    _chapters_1_to_8(put)
     return n
 
 
@@ -391,3 +392,161 @@ def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
     put("dec_kv_b64", _gb(b64 - f.weights_bytes, 1), "64 × 8192 × 128 KiB of KV read per step")
     put("dec_ms_b64", f"{1e3 * b64 / bw:.1f} ms", "decode_bytes_per_step('llama-3-8b', batch_size=64, "
         "context_len=8192) / bandwidth")
+
+
+def _chapters_1_to_8(put: Callable[[str, str, str], None]) -> None:
+    """The numbers of the questions Chapters 1–8 once held in their own Interview sections."""
+    p2 = count_params("llama-2-7b").params
+    for key, framework, impl in (("foreach", "pytorch", "foreach"), ("fused", "pytorch", "fused"),
+                                 ("ds", "deepspeed", None)):
+        e = estimate_framework("llama-2-7b", batch_size=1, seq_len=4096, precision="bf16-mixed", optimizer="adamw",
+                               recompute="full", framework=framework, optimizer_impl=impl,
+                               zero_stage=1 if framework == "deepspeed" else 0)
+        put(f"ch1_fw_{key}", _gb(e.total_bytes), f"estimate_training('llama-2-7b', batch_size=1, seq_len=4096, "
+            f"recompute='full', framework='{framework}', optimizer_impl={impl!r}).total_bytes")
+        if key == "foreach":
+            put("ch1_fw_foreach_bpp", f"{e.total_bytes / p2:.1f}", "the same / count_params('llama-2-7b').params")
+    amp = estimate_framework("llama-2-7b", batch_size=4, seq_len=4096, precision="bf16-mixed", optimizer="adamw",
+                             framework="pytorch")
+    put("ch1_amp_peak", _gb(amp.total_bytes, 0), "estimate_training('llama-2-7b', batch_size=4, seq_len=4096, "
+        "framework='pytorch').total_bytes")
+    _chapter_2_numbers(put)
+    # Chapter 3: GradScaler's defaults (memlib.core.scaler matches torch.amp.GradScaler) and PyTorch AMP's 7B bytes
+    from ..core.scaler import DynamicLossScaler
+
+    sc = DynamicLossScaler()
+    put("scaler_init", f"2{int(math.log2(sc.scale))}".translate(_SUPERSCRIPT).replace("²", "2", 1),
+        "DynamicLossScaler().scale (GradScaler's init_scale)")
+    put("scaler_interval", f"{sc.growth_interval}", "DynamicLossScaler().growth_interval")
+    for key, bpp in (("copies7", 2), ("sqrt7", 4), ("foreach7", 20)):
+        put(f"ch3_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
+    _chapter_4_numbers(put)
+    for key, bpp in (("bf16", 2), ("fp32", 4), ("both", 6)):  # Chapter 5: a 7B model's accumulated gradients
+        put(f"ch5_grad7_{key}", _gb(bpp * 7e9, 0), f"{bpp} × 7e9 bytes")
+    _chapter_6_numbers(put)
+    _chapter_7_numbers(put)
+    # Chapter 8: bitsandbytes' 8-bit Adam keeps m and v in uint8 plus one fp32 absmax per block (256 since 0.50)
+    block, p7 = 256, count_params("llama-7b").params
+    q8 = 2 * (1 + 4 / block)
+    put("q8_bpp", f"{q8:.2f}", "2 × (1 + 4/256): m and v in uint8 plus an fp32 absmax per 256 values")
+    put("q8_opt_ds", f"{4 + q8:.2f}", "4 (fp32 master) + 2 × (1 + 4/256)")
+    put("q8_states", f"{16 - 8 + q8:.2f}", "2 + 2 + 4 + 2 × (1 + 4/256)")
+    put("q8_absmax_bits", f"{32 / block:.3f}", "32 / 256 bits per value")
+    put("moments7_fp32", _gb(8 * p7), "8 × count_params('llama-7b').params")
+    put("moments7_8bit", _gb(q8 * p7), "2 × (1 + 4/256) × count_params('llama-7b').params")
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _sci(x: float, digits: int) -> str:
+    """``x`` as ``5.96 × 10⁻⁸``."""
+    mant, exp = f"{x:.{digits - 1}e}".split("e")
+    return f"{mant} × 10" + f"{int(exp):d}".translate(_SUPERSCRIPT)
+
+
+def _chapter_2_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 2's format facts (:mod:`memlib.core.formats`, bit-exact with PyTorch)."""
+    from ..core import formats as fm
+
+    props = {f: fm.format_properties(f) for f in ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")}
+    h, b = props["fp16"], props["bf16"]
+    put("fp16_min_sub", _sci(h.min_subnormal, 3), "format_properties('fp16').min_subnormal = 2**-24")
+    put("fp16_min_normal", _sci(h.min_normal, 3), "format_properties('fp16').min_normal = 2**-14")
+    put("fp16_max", f"{h.max_normal:.0f}", "format_properties('fp16').max_normal")
+    put("bf16_min_normal", _sci(b.min_normal, 2), "format_properties('bf16').min_normal")
+    put("bf16_max", _sci(b.max_normal, 2), "format_properties('bf16').max_normal")
+    for what in ("min_subnormal", "min_normal"):
+        put(f"fp16_{what}_bits", f"`{fm.encode(getattr(h, what), 'fp16').grouped}`", f"encode({what}, 'fp16')")
+    for f in ("fp32", "fp16", "bf16"):
+        put(f"{f}_digits", f"{props[f].decimal_digits:.1f}", f"format_properties('{f}').decimal_digits")
+        put(f"{f}_half_eps", _sci(props[f].eps / 2, 2), f"format_properties('{f}').eps / 2")
+    for f in ("fp8_e4m3", "fp8_e5m2"):
+        put(f"{f}_max", f"{props[f].max_normal:.0f}", f"format_properties('{f}').max_normal")
+    e5 = props["fp8_e5m2"]
+    put("e5m2_binades", f"{math.log2(e5.max_normal / e5.min_subnormal):.0f}", "log2(max_normal / min_subnormal)")
+    for x in (65519, 65520, 1e-9):
+        put(f"fp16_of_{x:g}".replace("-", "m"), f"{fm.encode(x, 'fp16').value:g}", f"encode({x:g}, 'fp16').value")
+    put("e4m3_of_500", f"{fm.encode(500, 'fp8_e4m3').value:g}",
+        "encode(500, 'fp8_e4m3').value (saturating, as float8_e4m3fn)")
+
+
+def _chapter_4_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 4's checkpointing numbers: PyTorch AMP step peaks (the chapter's traces match these estimates)."""
+    from ..core.activations import activation_terms
+
+    peaks = {}
+    for model, b, s in (("gpt2", 16, 1024), ("qwen2-0.5b", 8, 2048), ("llama-7b", 8, 2048)):
+        none, full = (estimate_framework(model, batch_size=b, seq_len=s, precision="bf16-mixed", framework="pytorch",
+                                         recompute=r).total_bytes for r in ("none", "full"))
+        peaks[model] = 1 - full / none
+        if model == "llama-7b":
+            put("ch4_peak7_none", _gb(none, 0), "estimate_training('llama-7b', batch_size=8, seq_len=2048, "
+                "framework='pytorch').total_bytes")
+            put("ch4_peak7_full", _gb(full, 0), "the same with recompute='full'")
+    put("ch4_peak_lo", f"{100 * min(peaks.values()):.0f}",
+        "1 − full/none step peak, the least of GPT-2, Qwen2-0.5B and LLaMA-7B at 16k tokens")
+    put("ch4_peak_hi", f"{100 * max(peaks.values()):.0f} %", "the same, the most")
+    cfg = load_config("llama-7b")
+    layer = sum(t.bytes for t in activation_terms("llama-7b", batch_size=1, seq_len=1024, precision="bf16-mixed",
+                                                  attention="sdpa") if t.per_layer)
+    put("ch4_p_over_i", f"{layer / (1024 * cfg.hidden_size) / 2:.0f}", "a LLaMA-7B layer's saved bytes (SDPA) / "
+        "its 16-bit input 2·s·b·h")
+    put("chain_k", f"{math.isqrt(64)}", "√64")
+
+
+def _zero_states_bytes(params: int, stage: int, num_gpus: int) -> int:
+    """The ZeRO paper's per-GPU model states (fp16 mixed precision, Adam) as DeepSpeed lays them out (Chapter 6)."""
+    e = estimate_framework(params=params, zero_stage=stage, num_gpus=num_gpus, precision="fp16-mixed",
+                           optimizer="adamw", framework="deepspeed", grad_accum=2 if stage == 1 else 1)
+    return e.params_bytes + e.grads_bytes + e.optimizer_bytes
+
+
+def _chapter_6_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 6's ZeRO numbers: the paper's 7.5B model on 64 GPUs, and on 16 × 32 GB V100s."""
+    from ..core.frameworks import DS_REDUCE_BUCKET
+
+    psi = 7_500_000_000
+    for stage in range(4):
+        put(f"zero75_64_{stage}", _gb(_zero_states_bytes(psi, stage, 64)),
+            f"estimate_training(params=7.5e9, zero_stage={stage}, num_gpus=64, framework='deepspeed'): model states")
+        if stage:
+            put(f"zero75_16_{stage}", _gb(_zero_states_bytes(psi, stage, 16)),
+                f"the same with num_gpus=16, stage {stage}")
+    v100 = get_gpu("v100").memory_bytes
+    put("v100_gb", _gb(v100), "get_gpu('v100').memory_bytes (32 GiB)")
+    ds2 = _zero_states_bytes(psi, 2, 16) + 4 * psi // 16  # + DeepSpeed's fp32 gradient partition: 2Ψ + 18Ψ/N
+    put("zero75_16_ds2", _gb(ds2), "2Ψ + 14Ψ/N + 4Ψ/N, Ψ = 7.5e9, N = 16 (DeepSpeed's ZeRO-2 estimator)")
+    put("zero75_16_fp32g", _gb(4 * psi / 16), "4Ψ/N: DeepSpeed's fp32 gradient partition")
+    left = [v100 - ds2 - 2 * DS_REDUCE_BUCKET - ctx for ctx in (2 * GB, 0.4 * GB)]  # CUDA context 2 .. 0.4 GB
+    put("zero75_16_left_lo", f"{left[0] / GB:.0f}", "32 GiB − states − a 16-bit reduce bucket − a 2 GB context")
+    put("zero75_16_left_hi", f"{left[1] / GB:.0f} GB", "the same with a 0.4 GB context (lazy loading)")
+
+
+def _chapter_7_numbers(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 7's offload numbers (:mod:`memlib.core.offload`): bytes on each side, traffic, the step's overhead."""
+    from ..core.offload import (DEFAULT_LINK_EFFICIENCY, GPU_PEAK_FLOPS, LINK_BANDWIDTH, offload_step_time,
+                                offload_traffic, placement)
+
+    for key, mode, side in (("gpu", "optimizer", "gpu"), ("host", "optimizer", "cpu"),
+                            ("host3", "params+optimizer", "cpu")):
+        put(f"off_bpp_{key}", f"{placement(mode).bytes_per_param(side):.0f}",
+            f"placement('{mode}').bytes_per_param('{side}')")
+    psi = count_params("llama-2-7b").params
+    paper = offload_traffic(psi, "optimizer", implementation="zero-offload-paper").link_bytes
+    put("off7_paper", _gb(paper, 0), "offload_traffic(Ψ, 'optimizer', implementation='zero-offload-paper')")
+    put("off7_ds", _gb(offload_traffic(psi, "optimizer").link_bytes), "offload_traffic(Ψ, 'optimizer'): 6Ψ")
+    bw4 = DEFAULT_LINK_EFFICIENCY * LINK_BANDWIDTH["pcie4"]
+    put("off7_up_s", f"{2 * psi / bw4:.1f} s", "2Ψ bytes / (DEFAULT_LINK_EFFICIENCY × LINK_BANDWIDTH['pcie4'])")
+    for key, impl in (("fsdp2", "fsdp2"), ("ds3", "deepspeed")):
+        put(f"off_{key}_psi", f"{offload_traffic(psi, 'params+optimizer', implementation=impl).link_bytes / psi:.0f}Ψ",
+            f"offload_traffic(Ψ, 'params+optimizer', implementation='{impl}').link_bytes / Ψ (per micro-batch)")
+    for gpu, link in (("v100", "pcie3"), ("h100", "pcie5")):  # the Tips notes' case: 10B, 10 × 1024 tokens per step
+        o = offload_step_time(10 * 10**9, 10_240, "optimizer", gpu=gpu, link=link, mfu=0.4, flops_per_token=8,
+                              cpu_adam_params_per_s=4e9).overhead
+        put(f"off_over_{gpu}", f"{o:+.0%}".replace("%", " %"), f"offload_step_time(10e9, 10_240, 'optimizer', "
+            f"gpu='{gpu}', link='{link}', mfu=0.4, flops_per_token=8, cpu_adam_params_per_s=4e9).overhead")
+    bw5 = DEFAULT_LINK_EFFICIENCY * LINK_BANDWIDTH["pcie5"]
+    t30 = 0.4 * GPU_PEAK_FLOPS["h100"] * (1 / 4e9 + 2 / bw5) / (6 * 0.3)  # CPU Adam + upload = 30 % of 6·Ψ·T
+    put("off_t30_h100", f"{round(t30, -3) / 1000:.0f}k",
+        "tokens T at which Ψ/4e9 + 2Ψ/BW = 0.3 × 6ΨT / (0.4 × peak), H100 + PCIe5")

@@ -54,7 +54,7 @@ LIVE_MODULES: tuple[str, ...] = (
     "core/frameworks/fsdp2", "core/frameworks/megatron", "core/frameworks/pytorch", "core/frameworks/torchtitan",
     "core/frameworks/zero3_fetch", "core/hardware",
     "core/hub", "core/inference", "core/lora", "core/losses", "core/offload", "core/parallel",
-    "core/params", "core/plan", "core/rl", "core/schedules", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
+    "core/params", "core/plan", "core/rl", "core/scaler", "core/schedules", "core/search", "core/serve", "core/serving_terms", "core/setup", "core/states",
     "core/terms", "core/vllm_engine", "drills/__init__", "drills/answers", "drills/bank", "drills/concepts", "drills/engine", "drills/numeric", "drills/widgets", "viz/__init__",
     "viz/live", "viz/plots",
 )
