@@ -234,6 +234,7 @@ def answer_numbers() -> dict[str, Number]:
     put("block100b", f"{round_size(100)} B", "round_size(100): kMinBlockSize")
     _rl_numbers(put)
     _cluster_numbers(put)
+    _chapters_9_to_18(put)
     return n
 
 
@@ -391,3 +392,23 @@ def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
     put("dec_kv_b64", _gb(b64 - f.weights_bytes, 1), "64 × 8192 × 128 KiB of KV read per step")
     put("dec_ms_b64", f"{1e3 * b64 / bw:.1f} ms", "decode_bytes_per_step('llama-3-8b', batch_size=64, "
         "context_len=8192) / bandwidth")
+
+
+def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
+    """The numbers of the questions Chapters 9–18 once answered in their own sections (issue 34: one bank)."""
+    # Chapter 9: NF4 bits, and the LoRA activations rule on the chapter's tiny LLaMA (the trace matches it to 64 B)
+    bits = 8 * WEIGHT_FORMATS["nf4"]
+    put("nf4_bits", f"{bits:.3f}", "8 × WEIGHT_FORMATS['nf4']: 4 + 8/64 + 32/(64·256)")
+    put("nf4_bits_nodq", f"{4 + 32 / 64:g}", "4 + 32/64: one fp32 absmax per 64 weights")
+    put("dq_bits", f"{bits - 4:.3f}", "8/64 + 32/(64·256) bits of constants per weight")
+    put("nf4_factor", f"{16 / bits:.1f}", "16 / (8 × WEIGHT_FORMATS['nf4'])")
+    put("qlora7_base", _gb(qlora_base_bytes("llama-7b"), 1), "qlora_base_bytes('llama-7b')")
+    tiny = {**load_config("llama-2-7b").raw, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 688,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
+    kw: dict[str, Any] = {"precision": "bf16", "batch_size": 2, "seq_len": 128}
+    full_acts = estimate_framework(tiny, **kw).activations_bytes or 1
+    for name, targets in (("qv", "qv"), ("all", "all-linear")):
+        acts = estimate_framework(tiny, method="lora", lora_rank=16, lora_targets=targets, **kw).activations_bytes
+        put(f"lora_act_{name}", f"{100 * ((acts or 0) / full_acts - 1):+.0f} %",
+            f"estimate_training(Chapter 9's 2-layer LLaMA, method='lora', lora_rank=16, lora_targets='{targets}', "
+            "batch 2 × 128) activations ÷ full fine-tuning's − 1")
