@@ -412,3 +412,14 @@ def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
         put(f"lora_act_{name}", f"{100 * ((acts or 0) / full_acts - 1):+.0f} %",
             f"estimate_training(Chapter 9's 2-layer LLaMA, method='lora', lora_rank=16, lora_targets='{targets}', "
             "batch 2 × 128) activations ÷ full fine-tuning's − 1")
+    # Chapter 10: FlashAttention's log-sum-exp and HBM traffic (memlib.core.flash, M = 98,304 fp16 = 192 KB of SRAM)
+    from ..core.flash import flash_io_bytes, standard_io_bytes
+
+    c7 = load_config("llama-7b")
+    put("lse_layer", f"{c7.num_heads * 8192 * 4 / MiB:.0f} MiB", "32 heads × 8192 rows × 4 bytes (fp32 log-sum-exp)")
+    for name, (seq, dim, heads) in {"head": (4096, 64, 1), "layer": (8192, c7.head_dim, c7.num_heads)}.items():
+        std, fa = (standard_io_bytes(seq, dim, num_heads=heads).total_bytes,
+                   flash_io_bytes(seq, dim, 98304, num_heads=heads).total_bytes)
+        unit, scale = ("MB", MB) if name == "head" else ("GB", GB)
+        put(f"io_std_{name}", f"{std / scale:.1f} {unit}", f"standard_io_bytes({seq}, {dim}, num_heads={heads})")
+        put(f"io_fa_{name}", f"{fa / scale:.1f} {unit}", f"flash_io_bytes({seq}, {dim}, 98304, num_heads={heads})")
