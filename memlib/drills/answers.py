@@ -423,3 +423,44 @@ def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
         unit, scale = ("MB", MB) if name == "head" else ("GB", GB)
         put(f"io_std_{name}", f"{std / scale:.1f} {unit}", f"standard_io_bytes({seq}, {dim}, num_heads={heads})")
         put(f"io_fa_{name}", f"{fa / scale:.1f} {unit}", f"flash_io_bytes({seq}, {dim}, 98304, num_heads={heads})")
+    _chapter_11(put)
+
+
+def _chapter_11(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 11's numbers: 4-bit formats, the 24 GiB serving fit, KV per token, paged vs contiguous waste."""
+    from ..core.serving_terms import kv_bytes_per_token
+
+    four = {"int4, fp32 absmax per 64": 4 + 32 / 64, "GPTQ/AWQ g128, fp16 scale + 4-bit zero": 4 + (16 + 4) / 128,
+            "NF4 + double quantization": 8 * WEIGHT_FORMATS["nf4"]}
+    lo, hi = min(four.values()), max(four.values())
+    put("int4_bits_range", f"{lo:.3g}–{hi:.3g}", "bits per weight of " + ", ".join(four))
+    put("int4_save_range", f"{100 * (1 - hi / 16):.0f}–{100 * (1 - lo / 16):.0f} %", "1 − bits / 16")
+    ref = estimate_inference("llama-7b", batch_size=8, seq_len=2048)
+    q4 = [estimate_inference("llama-7b", batch_size=8, seq_len=2048, weights=w) for w in ("int4", "nf4")]
+    saved = sorted(100 * (1 - e.total_bytes / ref.total_bytes) for e in q4)
+    put("int4_total_save", f"{saved[0]:.0f}–{saved[1]:.0f} %", "1 − estimate_inference('llama-7b', batch_size=8, "
+        "seq_len=2048, weights='int4' or 'nf4').total_bytes / the fp16 total")
+    fit = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048)
+    call = "serving_fit('llama-7b', 24 * GiB, batch_size=8, seq_len=2048)"
+    put("fit24_act", _gb(fit.activation_bytes, 1), f"{call}.activation_bytes: one layer's MLP intermediates")
+    put("fit24_reserve", _gb(fit.fragmentation_bytes + fit.cuda_context_bytes, 1),
+        f"{call}: fragmentation (5 %) + CUDA context (1 GiB)")
+    put("gpu24_gb", _gb(24 * GiB, 1), "24 × 2**30 bytes: a \"24 GB\" card holds 24 GiB")
+    w8 = estimate_inference("llama-7b", weights="int8").weights_bytes
+    put("quant_freed", f"{(ref.weights_bytes - w8) / GB:.1f}–{(ref.weights_bytes - min(e.weights_bytes for e in q4)) / GB:.1f} GB",
+        "fp16 weights − int8 weights, − the smaller 4-bit weights (LLaMA-7B)")
+    put("kv_tok_7b", f"{kv_bytes_per_token('llama-7b', 'fp16') / MiB:g} MiB", "kv_bytes_per_token('llama-7b', 'fp16')")
+    for layout in ("gqa", "mha"):
+        nbytes = kv_bytes_per_token("llama-2-70b", "fp16", layout=layout)
+        put(f"kv70_tok_{layout}", f"{nbytes / 1024:,.0f} KiB" if nbytes < MiB else f"{nbytes / MiB:g} MiB",
+            f"kv_bytes_per_token('llama-2-70b', 'fp16', layout='{layout}')")
+    # lengths uniform over 1..2048: the expected waste of a 2048-token reservation and of 16-token blocks
+    lengths = range(1, 2049)
+    used = sum(lengths)
+    put("contig_waste", f"{100 * (1 - used / (2048 * len(lengths))):.0f} %", "1 − mean length / 2048")
+    paged = sum(-(-n // 16) * 16 for n in lengths)
+    put("paged_waste", f"{100 * (1 - used / paged):.1f} %", "1 − Σ n / Σ ⌈n/16⌉·16 over n = 1…2048")
+    # Chapter 12: the A100's peaks behind the utilization pitfalls (memlib.core.hardware, NVIDIA's datasheet)
+    a100 = get_gpu("a100-80gb")
+    put("a100_sparse", f"{a100.sparse_tflops_printed:.0f}", "get_gpu('a100-80gb').sparse_tflops_printed (with sparsity)")
+    put("a100_bf16_fp32", f"{a100.bf16_tflops / a100.fp32_tflops:.0f}×", "bf16 tensor-core peak ÷ fp32 peak, A100")
