@@ -464,3 +464,21 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
     a100 = get_gpu("a100-80gb")
     put("a100_sparse", f"{a100.sparse_tflops_printed:.0f}", "get_gpu('a100-80gb').sparse_tflops_printed (with sparsity)")
     put("a100_bf16_fp32", f"{a100.bf16_tflops / a100.fp32_tflops:.0f}×", "bf16 tensor-core peak ÷ fp32 peak, A100")
+    # Chapter 12: one Llama-2-7B training step, batch 8 × 4096, at 50 % MFU on 8 A100s (memlib.core.flops)
+    from ..core.flops import training_flops
+
+    step = training_flops("llama-2-7b", batch_size=8, seq_len=4096)
+    c2 = load_config("llama-2-7b")
+    n_mm, n_all = matmul_params("llama-2-7b"), count_params("llama-2-7b").params
+    attn = 12 * c2.num_layers * c2.num_heads * c2.head_dim * 4096
+    call = "training_flops('llama-2-7b', batch_size=8, seq_len=4096)"
+    put("l2_nmm", f"{n_mm / 1e9:.2f} B", "matmul_params('llama-2-7b')")
+    put("l2_nall", f"{n_all / 1e9:.2f} B", "count_params('llama-2-7b').params")
+    put("l2_dense", f"{6 * n_mm / 1e9:.1f} GFLOP", "6 · matmul_params('llama-2-7b')")
+    put("l2_attn", f"{attn / 1e9:.1f} GFLOP", "12 · L · H · Q · T = 12 × 32 × 32 × 128 × 4096")
+    put("l2_per_tok", f"{step.per_token / 1e9:.1f} GFLOP", f"{call}.per_token")
+    put("l2_6n", f"{6 * n_all / 1e9:.1f} GFLOP", "6 · count_params('llama-2-7b').params")
+    put("l2_attn_pct", f"{100 * attn / step.per_token:.0f} %", "attention term ÷ FLOPs per token")
+    put("l2_step_pflop", f"{step.model_flops / 1e15:.2f} PFLOP", f"{call}.model_flops")
+    put("l2_step_s", f"{step.model_flops / (0.5 * 8 * a100.peak_flops('bf16')):.2f} s",
+        f"{call}.model_flops / (0.5 × 8 × 312e12)")
