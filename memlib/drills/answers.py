@@ -482,3 +482,9 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
     put("l2_step_pflop", f"{step.model_flops / 1e15:.2f} PFLOP", f"{call}.model_flops")
     put("l2_step_s", f"{step.model_flops / (0.5 * 8 * a100.peak_flops('bf16')):.2f} s",
         f"{call}.model_flops / (0.5 × 8 × 312e12)")
+    # Chapter 15: the pipeline bubble at p = 8, m = 16, two denominators (memlib.core.schedules)
+    from ..core.schedules import bubble_fraction, bubble_ratio
+
+    for suffix, kw in (("", {}), ("_v2", {"schedule": "interleaved", "virtual_stages": 2})):
+        put(f"pp_idle{suffix}", f"{100 * bubble_fraction(8, 16, **kw):.0f} %", f"bubble_fraction(8, 16, {kw or ''})")
+        put(f"pp_ratio{suffix}", f"{100 * bubble_ratio(8, 16, **kw):.0f} %", f"bubble_ratio(8, 16, {kw or ''})")
