@@ -488,3 +488,11 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
     for suffix, kw in (("", {}), ("_v2", {"schedule": "interleaved", "virtual_stages": 2})):
         put(f"pp_idle{suffix}", f"{100 * bubble_fraction(8, 16, **kw):.0f} %", f"bubble_fraction(8, 16, {kw or ''})")
         put(f"pp_ratio{suffix}", f"{100 * bubble_ratio(8, 16, **kw):.0f} %", f"bubble_ratio(8, 16, {kw or ''})")
+    # Chapter 17: what FP8 recipes save on Llama-3.1-8B's activations, and the fp32 logits of one 8K sequence
+    bf16 = estimate_framework("llama-3.1-8b", precision="bf16-mixed", seq_len=8192).activations_bytes or 0
+    for recipe in ("tensorwise", "blockwise"):
+        fp8 = estimate_framework("llama-3.1-8b", precision="fp8-mixed", fp8_recipe=recipe, seq_len=8192)
+        put(f"fp8_saved_{recipe}", _gb(bf16 - (fp8.activations_bytes or 0), 1),
+            f"estimate_training('llama-3.1-8b', precision='fp8-mixed', fp8_recipe='{recipe}', seq_len=8192) "
+            "activations below bf16-mixed's (PyTorch AMP)")
+    put("logits_8k", _gb(4 * 8192 * load_config("llama-3.1-8b").vocab_size, 1), "4 bytes × 8192 × vocab_size")
