@@ -496,3 +496,10 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
             f"estimate_training('llama-3.1-8b', precision='fp8-mixed', fp8_recipe='{recipe}', seq_len=8192) "
             "activations below bf16-mixed's (PyTorch AMP)")
     put("logits_8k", _gb(4 * 8192 * load_config("llama-3.1-8b").vocab_size, 1), "4 bytes × 8192 × vocab_size")
+    # Chapter 18: the GRPO rollout's KV cache in GiB as well (memlib.core.rl, as _rl_numbers' rl_kv)
+    from ..core.rl import RLSetup, estimate_rl
+    from ..core.setup import TrainingSetup
+
+    z3 = TrainingSetup(precision="bf16-mixed", framework="deepspeed", zero_stage=3, num_gpus=8, recompute="full")
+    grpo = estimate_rl("qwen2.5-7b", RLSetup(algo="grpo", group=8, prompt_len=512, completion_len=1024), z3)
+    put("rl_kv_gib", _gib(grpo.phase("rollout").resident["KV cache"], 2), "the rollout's KV cache per GPU (rl_kv) in GiB")
