@@ -396,13 +396,23 @@ def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
 
 def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
     """The numbers of the questions Chapters 9–18 once answered in their own sections (issue 34: one bank)."""
-    # Chapter 9: NF4 bits, and the LoRA activations rule on the chapter's tiny LLaMA (the trace matches it to 64 B)
+    _chapters_9_10(put)
+    _chapter_11(put)
+    _chapter_12(put)
+    _chapters_15_to_18(put)
+
+
+def _chapters_9_10(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 9's NF4 bits and LoRA activation rule, Chapter 10's FlashAttention sizes and HBM traffic."""
+    from ..core.flash import flash_io_bytes, standard_io_bytes
+
     bits = 8 * WEIGHT_FORMATS["nf4"]
     put("nf4_bits", f"{bits:.3f}", "8 × WEIGHT_FORMATS['nf4']: 4 + 8/64 + 32/(64·256)")
     put("nf4_bits_nodq", f"{4 + 32 / 64:g}", "4 + 32/64: one fp32 absmax per 64 weights")
     put("dq_bits", f"{bits - 4:.3f}", "8/64 + 32/(64·256) bits of constants per weight")
     put("nf4_factor", f"{16 / bits:.1f}", "16 / (8 × WEIGHT_FORMATS['nf4'])")
     put("qlora7_base", _gb(qlora_base_bytes("llama-7b"), 1), "qlora_base_bytes('llama-7b')")
+    # the LoRA activations rule on Chapter 9's tiny LLaMA (the chapter's trace matches it within 64 bytes)
     tiny = {**load_config("llama-2-7b").raw, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 688,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
     kw: dict[str, Any] = {"precision": "bf16", "batch_size": 2, "seq_len": 128}
@@ -412,9 +422,7 @@ def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
         put(f"lora_act_{name}", f"{100 * ((acts or 0) / full_acts - 1):+.0f} %",
             f"estimate_training(Chapter 9's 2-layer LLaMA, method='lora', lora_rank=16, lora_targets='{targets}', "
             "batch 2 × 128) activations ÷ full fine-tuning's − 1")
-    # Chapter 10: FlashAttention's log-sum-exp and HBM traffic (memlib.core.flash, M = 98,304 fp16 = 192 KB of SRAM)
-    from ..core.flash import flash_io_bytes, standard_io_bytes
-
+    # FlashAttention (memlib.core.flash), M = 98,304 fp16 elements = an A100 SM's 192 KB of SRAM
     c7 = load_config("llama-7b")
     put("lse_layer", f"{c7.num_heads * 8192 * 4 / MiB:.0f} MiB", "32 heads × 8192 rows × 4 bytes (fp32 log-sum-exp)")
     for name, (seq, dim, heads) in {"head": (4096, 64, 1), "layer": (8192, c7.head_dim, c7.num_heads)}.items():
@@ -423,7 +431,6 @@ def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
         unit, scale = ("MB", MB) if name == "head" else ("GB", GB)
         put(f"io_std_{name}", f"{std / scale:.1f} {unit}", f"standard_io_bytes({seq}, {dim}, num_heads={heads})")
         put(f"io_fa_{name}", f"{fa / scale:.1f} {unit}", f"flash_io_bytes({seq}, {dim}, 98304, num_heads={heads})")
-    _chapter_11(put)
 
 
 def _chapter_11(put: Callable[[str, str, str], None]) -> None:
@@ -447,7 +454,8 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
         f"{call}: fragmentation (5 %) + CUDA context (1 GiB)")
     put("gpu24_gb", _gb(24 * GiB, 1), "24 × 2**30 bytes: a \"24 GB\" card holds 24 GiB")
     w8 = estimate_inference("llama-7b", weights="int8").weights_bytes
-    put("quant_freed", f"{(ref.weights_bytes - w8) / GB:.1f}–{(ref.weights_bytes - min(e.weights_bytes for e in q4)) / GB:.1f} GB",
+    w4 = min(e.weights_bytes for e in q4)
+    put("quant_freed", f"{(ref.weights_bytes - w8) / GB:.1f}–{(ref.weights_bytes - w4) / GB:.1f} GB",
         "fp16 weights − int8 weights, − the smaller 4-bit weights (LLaMA-7B)")
     put("kv_tok_7b", f"{kv_bytes_per_token('llama-7b', 'fp16') / MiB:g} MiB", "kv_bytes_per_token('llama-7b', 'fp16')")
     for layout in ("gqa", "mha"):
@@ -460,13 +468,19 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
     put("contig_waste", f"{100 * (1 - used / (2048 * len(lengths))):.0f} %", "1 − mean length / 2048")
     paged = sum(-(-n // 16) * 16 for n in lengths)
     put("paged_waste", f"{100 * (1 - used / paged):.1f} %", "1 − Σ n / Σ ⌈n/16⌉·16 over n = 1…2048")
-    # Chapter 12: the A100's peaks behind the utilization pitfalls (memlib.core.hardware, NVIDIA's datasheet)
-    a100 = get_gpu("a100-80gb")
-    put("a100_sparse", f"{a100.sparse_tflops_printed:.0f}", "get_gpu('a100-80gb').sparse_tflops_printed (with sparsity)")
-    put("a100_bf16_fp32", f"{a100.bf16_tflops / a100.fp32_tflops:.0f}×", "bf16 tensor-core peak ÷ fp32 peak, A100")
-    # Chapter 12: one Llama-2-7B training step, batch 8 × 4096, at 50 % MFU on 8 A100s (memlib.core.flops)
+
+
+def _chapter_12(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 12's numbers: the A100's peaks behind the utilization pitfalls, one Llama-2-7B training step."""
     from ..core.flops import training_flops
 
+    a100 = get_gpu("a100-80gb")
+    assert a100.sparse_tflops_printed is not None
+    put("a100_sparse", f"{a100.sparse_tflops_printed:.0f}",
+        "get_gpu('a100-80gb').sparse_tflops_printed (with sparsity)")
+    put("a100_bf16_fp32", f"{a100.peak_flops('bf16') / a100.peak_flops('fp32'):.0f}×",
+        "get_gpu('a100-80gb').peak_flops('bf16') / .peak_flops('fp32')")
+    # batch 8 × 4096 at 50 % MFU on 8 A100s
     step = training_flops("llama-2-7b", batch_size=8, seq_len=4096)
     c2 = load_config("llama-2-7b")
     n_mm, n_all = matmul_params("llama-2-7b"), count_params("llama-2-7b").params
@@ -482,13 +496,19 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
     put("l2_step_pflop", f"{step.model_flops / 1e15:.2f} PFLOP", f"{call}.model_flops")
     put("l2_step_s", f"{step.model_flops / (0.5 * 8 * a100.peak_flops('bf16')):.2f} s",
         f"{call}.model_flops / (0.5 × 8 × 312e12)")
-    # Chapter 15: the pipeline bubble at p = 8, m = 16, two denominators (memlib.core.schedules)
-    from ..core.schedules import bubble_fraction, bubble_ratio
 
-    for suffix, kw in (("", {}), ("_v2", {"schedule": "interleaved", "virtual_stages": 2})):
-        put(f"pp_idle{suffix}", f"{100 * bubble_fraction(8, 16, **kw):.0f} %", f"bubble_fraction(8, 16, {kw or ''})")
-        put(f"pp_ratio{suffix}", f"{100 * bubble_ratio(8, 16, **kw):.0f} %", f"bubble_ratio(8, 16, {kw or ''})")
-    # Chapter 17: what FP8 recipes save on Llama-3.1-8B's activations, and the fp32 logits of one 8K sequence
+
+def _chapters_15_to_18(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 15's pipeline bubble, Chapter 17's FP8 savings and logits, Chapter 18's rollout KV in GiB."""
+    from ..core.schedules import bubble_fraction, bubble_ratio
+    from ..core.serving_terms import kv_bytes_per_token
+
+    # the bubble at p = 8, m = 16, both denominators
+    for suffix, schedule in (("", "1f1b"), ("_v2", "interleaved")):
+        args = f"8, 16, '{schedule}', virtual_stages=2"
+        put(f"pp_idle{suffix}", f"{100 * bubble_fraction(8, 16, schedule, 2):.0f} %", f"bubble_fraction({args})")
+        put(f"pp_ratio{suffix}", f"{100 * bubble_ratio(8, 16, schedule, 2):.0f} %", f"bubble_ratio({args})")
+    # what FP8 recipes save on Llama-3.1-8B's activations (PyTorch AMP), and the fp32 logits of one 8K sequence
     bf16 = estimate_framework("llama-3.1-8b", precision="bf16-mixed", seq_len=8192).activations_bytes or 0
     for recipe in ("tensorwise", "blockwise"):
         fp8 = estimate_framework("llama-3.1-8b", precision="fp8-mixed", fp8_recipe=recipe, seq_len=8192)
@@ -496,10 +516,6 @@ def _chapter_11(put: Callable[[str, str, str], None]) -> None:
             f"estimate_training('llama-3.1-8b', precision='fp8-mixed', fp8_recipe='{recipe}', seq_len=8192) "
             "activations below bf16-mixed's (PyTorch AMP)")
     put("logits_8k", _gb(4 * 8192 * load_config("llama-3.1-8b").vocab_size, 1), "4 bytes × 8192 × vocab_size")
-    # Chapter 18: the GRPO rollout's KV cache in GiB as well (memlib.core.rl, as _rl_numbers' rl_kv)
-    from ..core.rl import RLSetup, estimate_rl
-    from ..core.setup import TrainingSetup
-
-    z3 = TrainingSetup(precision="bf16-mixed", framework="deepspeed", zero_stage=3, num_gpus=8, recompute="full")
-    grpo = estimate_rl("qwen2.5-7b", RLSetup(algo="grpo", group=8, prompt_len=512, completion_len=1024), z3)
-    put("rl_kv_gib", _gib(grpo.phase("rollout").resident["KV cache"], 2), "the rollout's KV cache per GPU (rl_kv) in GiB")
+    # the GRPO rollout's KV cache (rl_kv) in GiB: G = 8 sequences of 512 + 1024 tokens
+    put("rl_kv_gib", _gib(kv_bytes_per_token("qwen2.5-7b", "bf16") * 8 * 1536, 2),
+        "kv_bytes_per_token('qwen2.5-7b', 'bf16') × 8 × 1536")
