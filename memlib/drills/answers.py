@@ -235,6 +235,7 @@ def answer_numbers() -> dict[str, Number]:
     _rl_numbers(put)
     _cluster_numbers(put)
     _chapters_1_to_8(put)
+    _chapters_9_to_18(put)
     return n
 
 
@@ -359,6 +360,10 @@ def _serving_numbers(put: Callable[[str, str, str], None]) -> None:
     put("srv_kvtok", f"{f.kv_bytes_per_token // 1024} KiB", "serve_kv_bytes_per_token('llama-3-8b'): 2 × 32 × 8 × 128 × 2")
     put("srv_blocks", f"{f.num_blocks:,}", f"{call}.num_blocks")
     put("srv_users", f"{f.max_concurrent_seqs}", f"{call}.max_concurrent_seqs: ⌊(blocks − 1) / 512⌋")
+    v1 = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192, vllm_version="0.34")
+    v1call = "serve('llama-3-8b', gpu='h100-sxm', max_model_len=8192, vllm_version='0.34')"
+    put("srv_v1_kv", _gib(v1.kv_budget_bytes, 1), f"{v1call}.kv_budget_bytes: vLLM V1's accounting")
+    put("srv_v1_users", f"{v1.max_concurrent_seqs}", f"{v1call}.max_concurrent_seqs")
     put("srv_waste", f"{15 * f.kv_bytes_per_token / MiB:.3g} MiB", "15 tokens × serve_kv_bytes_per_token('llama-3-8b')")
     for kv in ("fp8", "int4"):
         q = serve("llama-3-8b", gpu="h100-sxm", max_model_len=8192, kv_dtype=kv)
@@ -550,3 +555,130 @@ def _chapter_7_numbers(put: Callable[[str, str, str], None]) -> None:
     t30 = 0.4 * GPU_PEAK_FLOPS["h100"] * (1 / 4e9 + 2 / bw5) / (6 * 0.3)  # CPU Adam + upload = 30 % of 6·Ψ·T
     put("off_t30_h100", f"{round(t30, -3) / 1000:.0f}k",
         "tokens T at which Ψ/4e9 + 2Ψ/BW = 0.3 × 6ΨT / (0.4 × peak), H100 + PCIe5")
+
+
+def _chapters_9_to_18(put: Callable[[str, str, str], None]) -> None:
+    """The numbers of the questions Chapters 9–18 once answered in their own sections (issue 34: one bank)."""
+    _chapters_9_10(put)
+    _chapter_11(put)
+    _chapter_12(put)
+    _chapters_15_to_18(put)
+
+
+def _chapters_9_10(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 9's NF4 bits and LoRA activation rule, Chapter 10's FlashAttention sizes and HBM traffic."""
+    from ..core.flash import flash_io_bytes, standard_io_bytes
+
+    bits = 8 * WEIGHT_FORMATS["nf4"]
+    put("nf4_bits", f"{bits:.3f}", "8 × WEIGHT_FORMATS['nf4']: 4 + 8/64 + 32/(64·256)")
+    put("nf4_bits_nodq", f"{4 + 32 / 64:g}", "4 + 32/64: one fp32 absmax per 64 weights")
+    put("dq_bits", f"{bits - 4:.3f}", "8/64 + 32/(64·256) bits of constants per weight")
+    put("nf4_factor", f"{16 / bits:.1f}", "16 / (8 × WEIGHT_FORMATS['nf4'])")
+    put("qlora7_base", _gb(qlora_base_bytes("llama-7b"), 1), "qlora_base_bytes('llama-7b')")
+    # the LoRA activations rule on Chapter 9's tiny LLaMA (the chapter's trace matches it within 64 bytes)
+    tiny = {**load_config("llama-2-7b").raw, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 688,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
+    kw: dict[str, Any] = {"precision": "bf16", "batch_size": 2, "seq_len": 128}
+    full_acts = estimate_framework(tiny, **kw).activations_bytes or 1
+    for name, targets in (("qv", "qv"), ("all", "all-linear")):
+        acts = estimate_framework(tiny, method="lora", lora_rank=16, lora_targets=targets, **kw).activations_bytes
+        put(f"lora_act_{name}", f"{100 * ((acts or 0) / full_acts - 1):+.0f} %",
+            f"estimate_training(Chapter 9's 2-layer LLaMA, method='lora', lora_rank=16, lora_targets='{targets}', "
+            "batch 2 × 128) activations ÷ full fine-tuning's − 1")
+    # FlashAttention (memlib.core.flash), M = 98,304 fp16 elements = an A100 SM's 192 KB of SRAM
+    c7 = load_config("llama-7b")
+    put("lse_layer", f"{c7.num_heads * 8192 * 4 / MiB:.0f} MiB", "32 heads × 8192 rows × 4 bytes (fp32 log-sum-exp)")
+    for name, (seq, dim, heads) in {"head": (4096, 64, 1), "layer": (8192, c7.head_dim, c7.num_heads)}.items():
+        std, fa = (standard_io_bytes(seq, dim, num_heads=heads).total_bytes,
+                   flash_io_bytes(seq, dim, 98304, num_heads=heads).total_bytes)
+        unit, scale = ("MB", MB) if name == "head" else ("GB", GB)
+        put(f"io_std_{name}", f"{std / scale:.1f} {unit}", f"standard_io_bytes({seq}, {dim}, num_heads={heads})")
+        put(f"io_fa_{name}", f"{fa / scale:.1f} {unit}", f"flash_io_bytes({seq}, {dim}, 98304, num_heads={heads})")
+
+
+def _chapter_11(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 11's numbers: 4-bit formats, the 24 GiB serving fit, KV per token, paged vs contiguous waste."""
+    from ..core.serving_terms import kv_bytes_per_token
+
+    four = {"int4, fp32 absmax per 64": 4 + 32 / 64, "GPTQ/AWQ g128, fp16 scale + 4-bit zero": 4 + (16 + 4) / 128,
+            "NF4 + double quantization": 8 * WEIGHT_FORMATS["nf4"]}
+    lo, hi = min(four.values()), max(four.values())
+    put("int4_bits_range", f"{lo:.3g}–{hi:.3g}", "bits per weight of " + ", ".join(four))
+    put("int4_save_range", f"{100 * (1 - hi / 16):.0f}–{100 * (1 - lo / 16):.0f} %", "1 − bits / 16")
+    ref = estimate_inference("llama-7b", batch_size=8, seq_len=2048)
+    q4 = [estimate_inference("llama-7b", batch_size=8, seq_len=2048, weights=w) for w in ("int4", "nf4")]
+    saved = sorted(100 * (1 - e.total_bytes / ref.total_bytes) for e in q4)
+    put("int4_total_save", f"{saved[0]:.0f}–{saved[1]:.0f} %", "1 − estimate_inference('llama-7b', batch_size=8, "
+        "seq_len=2048, weights='int4' or 'nf4').total_bytes / the fp16 total")
+    fit = serving_fit("llama-7b", 24 * GiB, batch_size=8, seq_len=2048)
+    call = "serving_fit('llama-7b', 24 * GiB, batch_size=8, seq_len=2048)"
+    put("fit24_act", _gb(fit.activation_bytes, 1), f"{call}.activation_bytes: one layer's MLP intermediates")
+    put("fit24_reserve", _gb(fit.fragmentation_bytes + fit.cuda_context_bytes, 1),
+        f"{call}: fragmentation (5 %) + CUDA context (1 GiB)")
+    put("gpu24_gb", _gb(24 * GiB, 1), "24 × 2**30 bytes: a \"24 GB\" card holds 24 GiB")
+    w8 = estimate_inference("llama-7b", weights="int8").weights_bytes
+    w4 = min(e.weights_bytes for e in q4)
+    put("quant_freed", f"{(ref.weights_bytes - w8) / GB:.1f}–{(ref.weights_bytes - w4) / GB:.1f} GB",
+        "fp16 weights − int8 weights, − the smaller 4-bit weights (LLaMA-7B)")
+    put("kv_tok_7b", f"{kv_bytes_per_token('llama-7b', 'fp16') / MiB:g} MiB", "kv_bytes_per_token('llama-7b', 'fp16')")
+    for layout in ("gqa", "mha"):
+        nbytes = kv_bytes_per_token("llama-2-70b", "fp16", layout=layout)
+        put(f"kv70_tok_{layout}", f"{nbytes / 1024:,.0f} KiB" if nbytes < MiB else f"{nbytes / MiB:g} MiB",
+            f"kv_bytes_per_token('llama-2-70b', 'fp16', layout='{layout}')")
+    # lengths uniform over 1..2048: the expected waste of a 2048-token reservation and of 16-token blocks
+    lengths = range(1, 2049)
+    used = sum(lengths)
+    put("contig_waste", f"{100 * (1 - used / (2048 * len(lengths))):.0f} %", "1 − mean length / 2048")
+    paged = sum(-(-n // 16) * 16 for n in lengths)
+    put("paged_waste", f"{100 * (1 - used / paged):.1f} %", "1 − Σ n / Σ ⌈n/16⌉·16 over n = 1…2048")
+
+
+def _chapter_12(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 12's numbers: the A100's peaks behind the utilization pitfalls, one Llama-2-7B training step."""
+    from ..core.flops import training_flops
+
+    a100 = get_gpu("a100-80gb")
+    assert a100.sparse_tflops_printed is not None
+    put("a100_sparse", f"{a100.sparse_tflops_printed:.0f}",
+        "get_gpu('a100-80gb').sparse_tflops_printed (with sparsity)")
+    put("a100_bf16_fp32", f"{a100.peak_flops('bf16') / a100.peak_flops('fp32'):.0f}×",
+        "get_gpu('a100-80gb').peak_flops('bf16') / .peak_flops('fp32')")
+    # batch 8 × 4096 at 50 % MFU on 8 A100s
+    step = training_flops("llama-2-7b", batch_size=8, seq_len=4096)
+    c2 = load_config("llama-2-7b")
+    n_mm, n_all = matmul_params("llama-2-7b"), count_params("llama-2-7b").params
+    attn = 12 * c2.num_layers * c2.num_heads * c2.head_dim * 4096
+    call = "training_flops('llama-2-7b', batch_size=8, seq_len=4096)"
+    put("l2_nmm", f"{n_mm / 1e9:.2f} B", "matmul_params('llama-2-7b')")
+    put("l2_nall", f"{n_all / 1e9:.2f} B", "count_params('llama-2-7b').params")
+    put("l2_dense", f"{6 * n_mm / 1e9:.1f} GFLOP", "6 · matmul_params('llama-2-7b')")
+    put("l2_attn", f"{attn / 1e9:.1f} GFLOP", "12 · L · H · Q · T = 12 × 32 × 32 × 128 × 4096")
+    put("l2_per_tok", f"{step.per_token / 1e9:.1f} GFLOP", f"{call}.per_token")
+    put("l2_6n", f"{6 * n_all / 1e9:.1f} GFLOP", "6 · count_params('llama-2-7b').params")
+    put("l2_attn_pct", f"{100 * attn / step.per_token:.0f} %", "attention term ÷ FLOPs per token")
+    put("l2_step_pflop", f"{step.model_flops / 1e15:.2f} PFLOP", f"{call}.model_flops")
+    put("l2_step_s", f"{step.model_flops / (0.5 * 8 * a100.peak_flops('bf16')):.2f} s",
+        f"{call}.model_flops / (0.5 × 8 × 312e12)")
+
+
+def _chapters_15_to_18(put: Callable[[str, str, str], None]) -> None:
+    """Chapter 15's pipeline bubble, Chapter 17's FP8 savings and logits, Chapter 18's rollout KV in GiB."""
+    from ..core.schedules import bubble_fraction, bubble_ratio
+    from ..core.serving_terms import kv_bytes_per_token
+
+    # the bubble at p = 8, m = 16, both denominators
+    for suffix, schedule in (("", "1f1b"), ("_v2", "interleaved")):
+        args = f"8, 16, '{schedule}', virtual_stages=2"
+        put(f"pp_idle{suffix}", f"{100 * bubble_fraction(8, 16, schedule, 2):.0f} %", f"bubble_fraction({args})")
+        put(f"pp_ratio{suffix}", f"{100 * bubble_ratio(8, 16, schedule, 2):.0f} %", f"bubble_ratio({args})")
+    # what FP8 recipes save on Llama-3.1-8B's activations (PyTorch AMP), and the fp32 logits of one 8K sequence
+    bf16 = estimate_framework("llama-3.1-8b", precision="bf16-mixed", seq_len=8192).activations_bytes or 0
+    for recipe in ("tensorwise", "blockwise"):
+        fp8 = estimate_framework("llama-3.1-8b", precision="fp8-mixed", fp8_recipe=recipe, seq_len=8192)
+        put(f"fp8_saved_{recipe}", _gb(bf16 - (fp8.activations_bytes or 0), 1),
+            f"estimate_training('llama-3.1-8b', precision='fp8-mixed', fp8_recipe='{recipe}', seq_len=8192) "
+            "activations below bf16-mixed's (PyTorch AMP)")
+    put("logits_8k", _gb(4 * 8192 * load_config("llama-3.1-8b").vocab_size, 1), "4 bytes × 8192 × vocab_size")
+    # the GRPO rollout's KV cache (rl_kv) in GiB: G = 8 sequences of 512 + 1024 tokens
+    put("rl_kv_gib", _gib(kv_bytes_per_token("qwen2.5-7b", "bf16") * 8 * 1536, 2),
+        "kv_bytes_per_token('qwen2.5-7b', 'bf16') × 8 × 1536")
