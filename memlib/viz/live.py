@@ -49,7 +49,7 @@ __all__ = ["LIVE_DATA", "LIVE_KINDS", "LIVE_MODULES", "OFFLOAD_PARTS", "offload_
 LIVE_MODULES: tuple[str, ...] = (
     "__init__", "core/__init__", "core/activations", "core/allocator", "core/attention_terms", "core/autocast", "core/categories",
     "core/checkpointing", "core/choices", "core/cluster", "core/configs", "core/dtypes", "core/errors", "core/estimate",
-    "core/families_dense", "core/families_moe", "core/flops", "core/formats", "core/fp8", "core/frameworks/__init__",
+    "core/families_dense", "core/families_moe", "core/flash", "core/flops", "core/formats", "core/fp8", "core/frameworks/__init__",
     "core/frameworks/base", "core/frameworks/deepspeed", "core/frameworks/deepspeed_client",
     "core/frameworks/fsdp2", "core/frameworks/megatron", "core/frameworks/pytorch", "core/frameworks/torchtitan",
     "core/frameworks/zero3_fetch", "core/hardware",
