@@ -1,6 +1,6 @@
 """Measure the real DeepSpeed engine's tensor memory on CPU, ZeRO stages 0-3, one and several micro-batches (issue 42).
 
-Run (two gloo ranks; DeepSpeed JIT-builds its CPU ops with g++ on first use)::
+Run (two gloo ranks, or one with ``--nproc_per_node 1``; DeepSpeed JIT-builds its CPU ops with g++ on first use)::
 
     DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=/tmp/ds_ext torchrun --nproc_per_node 2 \
         bench/deepspeed_cpu_memory.py --stage 2 --grad-accum 1 --out /tmp/ds_z2_k1.json

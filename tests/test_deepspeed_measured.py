@@ -1,7 +1,7 @@
 """The estimator against the real DeepSpeed engine measured on CPU (issue 42).
 
 ``tests/fixtures/deepspeed_cpu.json`` holds what ``bench/deepspeed_cpu_memory.py`` measured: DeepSpeed's engine on
-two gloo ranks (``DS_ACCELERATOR=cpu``), a tiny Llama in bf16 with ``{"type": "Adam"}`` (FusedAdam), rank 0's live
+two gloo ranks and one (``DS_ACCELERATOR=cpu``), a tiny Llama in bf16 with ``{"type": "Adam"}`` (FusedAdam), rank 0's live
 tensor bytes and their peak over the second optimizer step (ZeRO creates Adam's m and v at the first step: the
 model is the steady state). Each record names the DeepSpeed version and the command. The estimate must be within
 3 % of the measured peak less the reduce bucket (5·10⁸ bf16 elements, allocated in full whatever the model), for
@@ -23,7 +23,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "deepspeed_cpu.json"
 ALL = json.loads(FIXTURE.read_text(encoding="utf-8"))
 #: The default data types (``grad_accum_dtype`` the model's); BF16 holds the ``grad_accum_dtype`` fp32 records.
 KNOBS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance")
-RECORDS = [r for r in ALL if "grad_accum_dtype" not in r and not any(k in r for k in KNOBS)]
+DEFAULTS = [r for r in ALL if "grad_accum_dtype" not in r and not any(k in r for k in KNOBS)]
+#: Two gloo ranks (most checks) and one rank (the same stages and micro-batches: ``--nproc_per_node 1``).
+RECORDS = [r for r in DEFAULTS if r["world_size"] == 2]
+ONE_RANK = [r for r in DEFAULTS if r["world_size"] == 1]
 BF16 = [r for r in ALL if r.get("grad_accum_dtype") == "fp32"]
 #: ZeRO-3 with the coordinator's knobs set (``--prefetch-bucket``, ``--max-live``, ``--max-reuse``).
 TUNED = [r for r in ALL if any(k in r for k in KNOBS)]
@@ -51,17 +54,18 @@ def _less_bucket(rec: dict, total: int) -> int:
 
 
 def test_the_fixture_names_its_engine_and_command() -> None:
-    assert {(r["stage"], r["grad_accum"]) for r in RECORDS} == {(z, k) for z in range(4) for k in (1, 2)}
-    assert all(r["deepspeed"] == "0.19.8" and r["world_size"] == 2 and "torchrun" in r["command"] for r in RECORDS)
-    assert {r["stage"]: r["optimizer"] for r in RECORDS} == {0: "FP16_Optimizer", 1: "DeepSpeedZeroOptimizer",
+    for group, world in ((RECORDS, 2), (ONE_RANK, 1)):
+        assert sorted((r["stage"], r["grad_accum"]) for r in group) == [(z, k) for z in range(4) for k in (1, 2)]
+        assert all(r["deepspeed"] == "0.19.8" and f"--nproc_per_node {world} " in r["command"] for r in group)
+    assert {r["stage"]: r["optimizer"] for r in RECORDS + ONE_RANK} == {0: "FP16_Optimizer", 1: "DeepSpeedZeroOptimizer",
                                                            2: "DeepSpeedZeroOptimizer",
                                                            3: "DeepSpeedZeroOptimizer_Stage3"}
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_stage0_is_fp16_optimizer_24_bytes_per_param(k: int) -> None:
+@pytest.mark.parametrize("rec", [pytest.param(r, id=f"k{r['grad_accum']}-ranks{r['world_size']}")
+                                 for r in RECORDS + ONE_RANK if r["stage"] == 0])
+def test_stage0_is_fp16_optimizer_24_bytes_per_param(rec: dict) -> None:
     """Stage 0 in bf16 runs FP16_Optimizer: 2 + 2 + 12 + 8 bytes/param at the step, measured within 3 %."""
-    rec = _by(0, k)
     est, measured = _estimate(rec), rec["peak_bytes"]
     assert abs(est - measured) <= 0.03 * measured
     assert round(measured / rec["params"]) == 24
@@ -81,8 +85,8 @@ def _bench_persistence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(type(DEEPSPEED), "param_persistence_threshold", 0)
 
 
-@pytest.mark.parametrize("rec", [pytest.param(r, id=f"zero{r['stage']}-k{r['grad_accum']}")
-                                 for r in RECORDS if r["stage"] > 0])
+@pytest.mark.parametrize("rec", [pytest.param(r, id=f"zero{r['stage']}-k{r['grad_accum']}-ranks{r['world_size']}")
+                                 for r in RECORDS + ONE_RANK if r["stage"] > 0])
 def test_estimate_within_3_percent_of_the_engine_less_the_bucket(rec: dict) -> None:
     """Every stage and micro-batch count: ZeRO-2 with accumulation holds two gradient partitions (the last
     micro-batch's and the new one, ``copy_grads_in_partition``); ZeRO-3's forward prefetch gathers the whole tiny
