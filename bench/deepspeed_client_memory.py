@@ -14,11 +14,10 @@ optimizer step; the step's own peak is what the client's optimizer changes).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
-from deepspeed_cpu_memory import CONFIG, SEQ, Live  # the same model and tracker (run from bench/ or its path)
+from deepspeed_cpu_memory import CONFIG, SEQ, Live, write_record  # the same model and tracker (run from bench/ or its path)
 
 
 def main() -> None:
@@ -61,12 +60,7 @@ def main() -> None:
               "optimizer": type(engine.optimizer).__name__,
               "command": f"DS_ACCELERATOR=cpu torchrun --nproc_per_node {world} bench/deepspeed_client_memory.py "
                          f"--stage {args.stage} --impl {args.impl}"}
-    if torch.distributed.get_rank() == 0:
-        text = json.dumps(result, indent=1)
-        if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
-        print(text)
+    write_record(result, args.out)
 
 
 if __name__ == "__main__":

@@ -147,10 +147,15 @@ def main() -> None:
             result["command"] += "".join(f" --{flag} {v}" for flag, v in (
                 ("prefetch-bucket", args.prefetch_bucket), ("max-live", args.max_live),
                 ("max-reuse", args.max_reuse)) if v is not None)
+    write_record(result, args.out)
+
+
+def write_record(result: dict, out: str | None) -> None:
+    """Rank 0 prints the record and writes it to ``out`` (when given)."""
     if torch.distributed.get_rank() == 0:
         text = json.dumps(result, indent=1)
-        if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
+        if out:
+            with open(out, "w", encoding="utf-8") as f:
                 f.write(text + "\n")
         print(text)
 

@@ -90,17 +90,27 @@ def _deepspeed_step(params: list[Any], master: Any, flat16: Any, opt: Any, loss_
     torch = _torch()
     with torch.no_grad():
         flat_grad = torch._utils._flatten_dense_tensors([p.grad for p in params])
-        single_grad_partition = flat_grad.to(master.dtype)
+        held = [flat_grad.to(master.dtype)]  # single_grad_partition
         del flat_grad
-        master.grad = single_grad_partition
-        for p in params:
-            p.grad = None
-        if loss_scale is not None:
-            single_grad_partition.mul_(1.0 / loss_scale)
-        del single_grad_partition
-        opt.step()
-        master.grad = None
-        flat16.copy_(master)
+        _step_flat_master(params, master, flat16, opt, loss_scale, held)
+
+
+def _step_flat_master(params: list[Any], master: Any, flat16: Any, opt: Any, loss_scale: float | None,
+                      held: list[Any]) -> None:
+    """The tail both DeepSpeed steps share: the flat fp32 gradient becomes the master's ``.grad``, the 16-bit
+    gradients are dropped, the gradient is unscaled in place, the optimizer steps, the gradient is dropped and
+    the master is copied into the flat 16-bit weights. ``held`` is a one-element list holding the caller's only
+    reference to the flat fp32 gradient, popped here, so that it dies with ``master.grad = None``."""
+    flat_grad = held.pop()
+    master.grad = flat_grad
+    for p in params:
+        p.grad = None
+    if loss_scale is not None:
+        flat_grad.mul_(1.0 / loss_scale)
+    del flat_grad
+    opt.step()
+    master.grad = None
+    flat16.copy_(master)
 
 
 def _fp16_optimizer_step(params: list[Any], master: Any, flat16: Any, opt: Any, loss_scale: float | None) -> None:
@@ -117,17 +127,9 @@ def _fp16_optimizer_step(params: list[Any], master: Any, flat16: Any, opt: Any, 
     torch = _torch()
     with torch.no_grad():
         fp32_grads = [p.grad.to(master.dtype) for p in params]
-        flat_grad = torch._utils._flatten_dense_tensors(fp32_grads)
+        held = [torch._utils._flatten_dense_tensors(fp32_grads)]
         del fp32_grads
-        master.grad = flat_grad
-        for p in params:
-            p.grad = None
-        if loss_scale is not None:
-            flat_grad.mul_(1.0 / loss_scale)
-        del flat_grad
-        opt.step()
-        master.grad = None
-        flat16.copy_(master)
+        _step_flat_master(params, master, flat16, opt, loss_scale, held)
 
 
 def _megatron_setup(params: list[Any], tracker: MemoryTracker) -> tuple[Any, list[Any]]:
