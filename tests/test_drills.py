@@ -530,3 +530,14 @@ def test_every_chapter_has_its_page() -> None:
     assert set(CHAPTER_PAGES) == set(CHAPTERS)
     for n, stem in CHAPTER_PAGES.items():
         assert stem.startswith(f"{n:02d}_") and (root / "chapters" / f"{stem}.ipynb").is_file(), stem
+
+
+@pytest.mark.parametrize("kind, seeds", [("adam8bit_saving", (1916, 164921, *range(200))),
+                                         ("training_peak", range(300))])
+def test_8bit_drills_never_draw_a_partition_bitsandbytes_refuses(kind: str, seeds: range) -> None:
+    """DeepSpeed ZeRO-1/2 hands bitsandbytes one flat partition, whose numel its kernels take as an int32: the
+    drills add GPUs until it fits instead of failing (seeds 1916 and 164921 drew Llama-2-70B on 4 GPUs)."""
+    for seed in seeds:
+        d = generate(kind, seed)
+        if kind == "adam8bit_saving" and d.settings["zero_stage"] == 1:
+            assert -(-count_params(d.settings["model"]).params // d.settings["num_gpus"]) <= 2**31 - 1

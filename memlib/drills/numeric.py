@@ -133,6 +133,8 @@ def _training_peak(rng: random.Random, seed: int) -> Drill:
     recompute = rng.choice(("none", "none", "selective", "full"))
     attention = rng.choice(("sdpa", "sdpa", "eager"))
     n = count_params(model).params
+    while optimizer == "adamw-8bit" and stage in (1, 2) and -(-n // gpus) > INT32_MAX:
+        gpus *= 2  # bitsandbytes takes the ZeRO-1/2 partition's numel as an int32: enough GPUs that it fits
     w, g, o = state_bytes_per_param(precision, optimizer)
     o += w if stage >= 1 and precision in ("fp32", "bf16") else 0  # DeepSpeedZeroOptimizer's partition clone
     states = estimate_training(params=n, precision=precision, optimizer=optimizer, zero_stage=stage,
@@ -360,6 +362,8 @@ def _adam8bit_saving(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS + ("llama-2-70b",))
     stage = rng.choice((0, 0, 1))
     gpus = 1 if stage == 0 else rng.choice((4, 8))
+    while stage and -(-count_params(model).params // gpus) > INT32_MAX:
+        gpus *= 2  # as in training_peak: the int32 partition must fit
     a = estimate_training(model, zero_stage=stage, num_gpus=gpus).optimizer_bytes
     b = estimate_training(model, optimizer="adamw-8bit", zero_stage=stage, num_gpus=gpus).optimizer_bytes
     q = (f"Training {model} with bf16 mixed precision in DeepSpeed, {_zero_words(stage, gpus)}: how many GB "
