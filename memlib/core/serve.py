@@ -418,10 +418,8 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
 
     reasons: list[str] = []
     if kv_budget <= 0:
-        reasons.append(f"no memory left for the KV cache: weights {(w + draft_w) / GiB:.2f} GiB + activations "
-                       f"{act / GiB:.2f} GiB + overheads {(overhead + graphs) / GiB:.2f} GiB exceed the "
-                       f"{util:g} × {mem / GiB:.2f} GiB budget by {-kv_budget / GiB:.2f} GiB; raise "
-                       "gpu_memory_utilization, quantize the weights or add tensor-parallel GPUs")
+        reasons.append(_no_kv_room(f"weights {(w + draft_w) / GiB:.2f} GiB + activations {act / GiB:.2f} GiB + "
+                                   f"overheads {(overhead + graphs) / GiB:.2f} GiB", util, mem, kv_budget))
     elif concurrent < 1:
         reasons.append(f"one request of {length:,} tokens needs {blocks_per_seq:,} blocks "
                        f"({blocks_per_seq * block_bytes / GiB:.2f} GiB) but {usable:,} usable blocks "
@@ -437,6 +435,13 @@ def serve(model: ModelLike, *, max_model_len: int, gpu: str | None = None, gpu_m
     return ServeFit(mem, budget, w, draft_w, act, overhead, graphs, kv_budget, per_token, bs, block_bytes,
                     num_blocks, num_blocks * block_bytes, blocks_per_seq, concurrent, max(concurrent_prefix, 0),
                     max(longest, 0), concurrent >= 1, tuple(reasons), settings)
+
+
+def _no_kv_room(terms: str, util: float, mem: int, kv_budget: int) -> str:
+    """The reason a setup leaves no KV cache: ``terms`` (what the budget holds, in words) exceed it."""
+    return (f"no memory left for the KV cache: {terms} exceed the {util:g} × {mem / GiB:.2f} GiB budget by "
+            f"{-kv_budget / GiB:.2f} GiB; raise gpu_memory_utilization, quantize the weights or add tensor-parallel "
+            "GPUs")
 
 
 def _serve_vllm(cfg: ModelConfig, release: ve.VllmRelease, *, mem: int, util: float, weights_bytes: int, act: int,
@@ -470,10 +475,9 @@ def _serve_vllm(cfg: ModelConfig, release: ve.VllmRelease, *, mem: int, util: fl
     longest = min(usable // len(groups.groups) * bs - k, cfg.max_positions) if usable else 0
     reasons: list[str] = []
     if kv_budget <= 0:
-        reasons.append(f"no memory left for the KV cache: weights {weights_bytes / GiB:.2f} GiB + profiled peak "
-                       f"{act / GiB:.2f} GiB + non-torch {overhead / GiB:.2f} GiB + CUDA graphs {graphs / GiB:.2f} "
-                       f"GiB exceed the {util:g} × {mem / GiB:.2f} GiB budget by {-kv_budget / GiB:.2f} GiB; raise "
-                       "gpu_memory_utilization, quantize the weights or add tensor-parallel GPUs")
+        reasons.append(_no_kv_room(f"weights {weights_bytes / GiB:.2f} GiB + profiled peak {act / GiB:.2f} GiB + "
+                                   f"non-torch {overhead / GiB:.2f} GiB + CUDA graphs {graphs / GiB:.2f} GiB",
+                                   util, mem, kv_budget))
     elif concurrent < 1:
         reasons.append(f"one request of {length:,} tokens needs {per_req:,} blocks but {usable:,} are left; "
                        f"vLLM refuses to start (lower max_model_len to about {max(longest, 0):,} or use a smaller "

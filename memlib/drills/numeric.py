@@ -16,7 +16,7 @@ from ..core.configs import load_config
 from ..core.dtypes import GB, GiB, MiB, dtype_bytes, weight_bytes_per_param
 from ..core.errors import check_choice
 from ..core.estimate import KV_DTYPES, estimate_inference, korthikanti_activation_bytes, state_bytes_per_param
-from ..core.frameworks.deepspeed_client import INT32_MAX
+from ..core.frameworks.deepspeed_client import flat_partition_too_big
 from .engine import estimate_training  # DeepSpeed's layout: the ZeRO paper's accounting
 from ..core.flops import matmul_params, palm_flops
 from ..core.cluster import (allreduce_time_s, critical_batch, min_gpus_serve, prefill_time,
@@ -64,7 +64,7 @@ def _model_states(rng: random.Random, seed: int) -> Drill:
     optimizer = rng.choice(("sgd", "sgd-momentum", "adamw", "adamw", "adamw-8bit"))
     stage = rng.choice((0, 1, 2, 3))
     gpus = 1 if stage == 0 and rng.random() < 0.3 else rng.choice((2, 4, 8, 16, 64))
-    if optimizer == "adamw-8bit" and stage in (1, 2) and -(-billions * 10**9 // gpus) > INT32_MAX:
+    if flat_partition_too_big(billions * 10**9, gpus, stage, optimizer):
         stage = 3  # bitsandbytes cannot step a flat ZeRO-1/2 partition above 2³¹ − 1 elements (int32 numel)
     e = estimate_training(params=billions * 10**9, precision=precision, optimizer=optimizer, zero_stage=stage,
                           num_gpus=gpus)
@@ -133,7 +133,7 @@ def _training_peak(rng: random.Random, seed: int) -> Drill:
     recompute = rng.choice(("none", "none", "selective", "full"))
     attention = rng.choice(("sdpa", "sdpa", "eager"))
     n = count_params(model).params
-    while optimizer == "adamw-8bit" and stage in (1, 2) and -(-n // gpus) > INT32_MAX:
+    while flat_partition_too_big(n, gpus, stage, optimizer):
         gpus *= 2  # bitsandbytes takes the ZeRO-1/2 partition's numel as an int32: enough GPUs that it fits
     w, g, o = state_bytes_per_param(precision, optimizer)
     o += w if stage >= 1 and precision in ("fp32", "bf16") else 0  # DeepSpeedZeroOptimizer's partition clone
@@ -362,7 +362,7 @@ def _adam8bit_saving(rng: random.Random, seed: int) -> Drill:
     model = rng.choice(_TRAIN_MODELS + ("llama-2-70b",))
     stage = rng.choice((0, 0, 1))
     gpus = 1 if stage == 0 else rng.choice((4, 8))
-    while stage and -(-count_params(model).params // gpus) > INT32_MAX:
+    while flat_partition_too_big(count_params(model).params, gpus, stage, "adamw-8bit"):
         gpus *= 2  # as in training_peak: the int32 partition must fit
     a = estimate_training(model, zero_stage=stage, num_gpus=gpus).optimizer_bytes
     b = estimate_training(model, optimizer="adamw-8bit", zero_stage=stage, num_gpus=gpus).optimizer_bytes

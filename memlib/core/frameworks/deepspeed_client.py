@@ -30,7 +30,8 @@ from ..setup import TrainingSetup
 from .base import torch_adamw_step_bytes
 from .deepspeed import DS_SUB_GROUP_SIZE, DeepSpeed
 
-__all__ = ["DeepSpeedClient", "DEEPSPEED_CLIENT", "INT32_MAX", "uses_client_optimizer", "check_flat_partition"]
+__all__ = ["DeepSpeedClient", "DEEPSPEED_CLIENT", "INT32_MAX", "uses_client_optimizer", "flat_partition_too_big",
+           "check_flat_partition"]
 
 #: The largest element count bitsandbytes' 8-bit kernels take (``ct.c_int32(g.numel())``).
 INT32_MAX = 2**31 - 1
@@ -42,12 +43,15 @@ def uses_client_optimizer(setup: TrainingSetup) -> bool:
     return setup.framework == "deepspeed" and (setup.optimizer_source == "client" or setup.optimizer == "adamw-8bit")
 
 
+def flat_partition_too_big(n_train: int, num_gpus: int, zero_stage: int, optimizer: str) -> bool:
+    """Whether bitsandbytes' 8-bit AdamW would get a flat ZeRO-1/2 partition above 2³¹ − 1 elements (on the GPU)."""
+    return optimizer == "adamw-8bit" and zero_stage in (1, 2) and -(-n_train // num_gpus) > INT32_MAX
+
+
 def check_flat_partition(n_train: int, setup: TrainingSetup) -> None:
     """Raise one line when bitsandbytes' 8-bit AdamW would get a flat ZeRO-1/2 partition above 2³¹ − 1 elements."""
-    if setup.optimizer != "adamw-8bit" or setup.zero_stage not in (1, 2) or setup.offload != "none":
-        return
-    part = -(-n_train // setup.num_gpus)
-    if part > INT32_MAX:
+    if setup.offload == "none" and flat_partition_too_big(n_train, setup.num_gpus, setup.zero_stage, setup.optimizer):
+        part = -(-n_train // setup.num_gpus)
         need = -(-n_train // INT32_MAX)
         raise MemlibError(
             f"DeepSpeed ZeRO-{setup.zero_stage} hands bitsandbytes' 8-bit AdamW one flat partition of {part:,} elements "
